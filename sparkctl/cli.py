@@ -1,0 +1,83 @@
+"""The `sparkctl` command line.
+
+Commands live in their own modules and are imported only when invoked, so `sparkctl list` does not
+pay for importing docker, httpx or torch (the 0.5 s budget in the foundation issue).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from sparkctl import __version__
+from sparkctl.errors import SparkctlError
+
+# command name -> "module:attribute" of a click.Command. Add a command by adding a line here.
+COMMANDS: dict[str, str] = {
+    "list": "sparkctl.commands.catalog:list_cmd",
+    "show": "sparkctl.commands.catalog:show_cmd",
+    "render": "sparkctl.commands.catalog:render_cmd",
+    "validate": "sparkctl.commands.catalog:validate_cmd",
+    "schema": "sparkctl.commands.catalog:schema_cmd",
+    "doctor": "sparkctl.commands.doctor:doctor_cmd",
+    "prewarm": "sparkctl.commands.prewarm:prewarm_cmd",
+    "up": "sparkctl.commands.lifecycle:up_cmd",
+    "down": "sparkctl.commands.lifecycle:down_cmd",
+    "status": "sparkctl.commands.lifecycle:status_cmd",
+    "logs": "sparkctl.commands.lifecycle:logs_cmd",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if self._available(name)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                return None  # command not built yet in this checkout
+            raise
+        return getattr(module, attr)
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        module_name = COMMANDS[name].split(":")[0]
+        return importlib.util.find_spec(module_name) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sparkctl")
+def cli() -> None:
+    """Serve large quantized language models on a DGX Spark with one command."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: turn every SparkctlError into one line on stderr and its exit code."""
+    try:
+        rv = cli.main(args=argv, prog_name="sparkctl", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+    except SparkctlError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,1 @@
+"""Recipe -> Plan: the engine command line, environment, container settings and memory plan."""

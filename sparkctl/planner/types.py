@@ -1,0 +1,93 @@
+"""What the planner hands to a runtime: everything needed to start one server, nothing recipe-shaped.
+
+This is the contract between the planner (recipe -> Plan) and the runtimes (Plan -> running server).
+Runtimes never read a Recipe; the planner never talks to Docker or spawns a process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from; exactly one of repo / path / generate is set."""
+
+    repo: str | None = None  # Hugging Face repo id, fetched with snapshot_download
+    revision: str | None = None  # pinned commit or branch
+    allow_patterns: tuple[str, ...] = ()
+    path: str | None = None  # a local directory already holding the model
+    generate: str | None = None  # name of a local generator (tiny models made on first use)
+    format: Literal["exl3", "gguf", "safetensors"] = "safetensors"
+    expected_shards: int | None = None
+    expected_bytes: int | None = None
+    needs_token: bool = False  # gated repo: doctor checks for an HF token
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Docker-only settings; `None` on a Plan for the native runtime."""
+
+    image: str
+    name: str
+    gpus: bool = True  # request all GPUs through a device request
+    network_host: bool = True
+    ipc_host: bool = True
+    shm_size: str | None = "16g"
+    ulimits: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (soft, hard)
+    mounts: tuple[Mount, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    prewarm: Literal["auto", "always", "never"] = "auto"
+    workers: int = 8
+    evict_after_load: bool = True  # unified memory: drop cached shards once the server holds them
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes, all against the unified pool; `fits` False means `up` refuses unless forced."""
+
+    total_bytes: int
+    budget_bytes: int  # what the engine may use (utilisation x total, or weights + explicit KV bytes)
+    weights_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    runtime_overhead_bytes: int
+    max_context_tokens: int  # tokens the KV budget holds
+    fits: bool
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe_name: str
+    recipe_hash: str  # sha256 of the resolved recipe; carried as a container label / in state files
+    runtime: Literal["docker", "native"]
+    engine: Literal["vllm", "llama.cpp"]
+    argv: tuple[str, ...]  # the full engine command line, model argument included
+    env: dict[str, str]
+    host: str
+    port: int
+    served_model_name: str
+    model: ModelSource
+    load: LoadPolicy
+    memory: MemoryPlan | None
+    health_timeout_s: float
+    container: ContainerSpec | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
