@@ -1,0 +1,37 @@
+"""Where sparkctl keeps its files, so every module agrees and tests can redirect them all.
+
+`SPARKCTL_STATE_DIR` (running servers) and `SPARKCTL_CACHE_DIR` (generated models, builds) override
+the XDG defaults; tests point both at temp directories.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def state_dir() -> Path:
+    """One JSON file per running server lives under `servers/` here."""
+    env = os.environ.get("SPARKCTL_STATE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sparkctl"
+
+
+def cache_dir() -> Path:
+    """Regenerable data: locally generated tiny models, logs of past runs."""
+    env = os.environ.get("SPARKCTL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sparkctl"
+
+
+def generated_model_dir(generator: str) -> Path:
+    """The directory a named model generator writes into (made on first use, then reused)."""
+    return cache_dir() / "models" / generator
+
+
+def logs_dir() -> Path:
+    return state_dir() / "logs"
