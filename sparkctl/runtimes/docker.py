@@ -1,0 +1,459 @@
+"""The docker runtime: a Plan's ContainerSpec becomes one labelled container, driven through the Docker SDK.
+
+The container is named after the recipe (`sparkctl-<recipe>`) and carries labels with the recipe name
+and hash, so `down`/`status`/`logs` find it again from a ServerState and never touch containers that
+sparkctl did not create. It runs with the host network and IPC namespace (as Spark deployments do for
+NCCL and the OpenAI port) and gets every GPU through a device request.
+
+Every failure the user can act on (daemon down, image missing, port taken, a foreign container in the
+way, a container that dies at once) is a RuntimeFailure with one line and a hint; nothing this module
+starts is left behind when `start` fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.runtimes.base import ServerState
+
+if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
+    import docker
+    from docker.models.containers import Container
+
+    from sparkctl.planner.types import ContainerSpec, Plan
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+LABEL_MANAGED = "io.sparkctl.managed"
+LABEL_RECIPE = "io.sparkctl.recipe"
+LABEL_RECIPE_HASH = "io.sparkctl.recipe-hash"
+LABEL_PORT = "io.sparkctl.port"
+LABEL_MODEL = "io.sparkctl.served-model-name"
+# The Spark image is built from docker/Dockerfile; this is the command `up` suggests when it is missing.
+SPARK_BUILD_HINT = "docker build -f docker/Dockerfile -t {image} ."
+TEST_IMAGE_PREFIX = "sparkctl-test:"
+
+
+def docker_host() -> str:
+    """The daemon address the SDK will use, for messages (DOCKER_HOST or the default socket)."""
+    return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+
+
+def container_name_for(recipe_name: str) -> str:
+    return f"sparkctl-{recipe_name}"
+
+
+def image_build_hint(image: str) -> str:
+    """How to get `image` on this machine: the local test image, our Spark image, or a registry pull."""
+    if image.startswith(TEST_IMAGE_PREFIX):
+        return "build it: make test-image (a local Debian rootfs imported into Docker; needs root)"
+    if image.startswith("sparkctl") or image.startswith("ghcr.io/sparkctl"):
+        return "build it on the Spark: " + SPARK_BUILD_HINT.format(image=image)
+    return f"pull it: docker pull {image} (or build it: {SPARK_BUILD_HINT.format(image=image)})"
+
+
+def connect(timeout_s: float = 10.0) -> docker.DockerClient:
+    """A client for the daemon at DOCKER_HOST, or a RuntimeFailure saying why there is none.
+
+    `docker.from_env` asks the daemon for its API version at once, so an unreachable or forbidden
+    socket surfaces here, as one clear line instead of a requests traceback later.
+    """
+    import docker
+    from docker.errors import DockerException
+
+    host = docker_host()
+    try:
+        client = docker.from_env(timeout=int(timeout_s) if timeout_s else None)
+        client.ping()
+    except DockerException as exc:
+        raise _daemon_failure(host, exc) from None
+    except Exception as exc:  # requests/urllib3 errors that the SDK lets through
+        raise _daemon_failure(host, exc) from None
+    return client
+
+
+def _daemon_failure(host: str, exc: BaseException) -> RuntimeFailure:
+    text = str(exc)
+    if "Permission denied" in text:
+        return RuntimeFailure(
+            f"Docker daemon at {host} refused access (permission denied)",
+            hint="add yourself to the docker group: sudo usermod -aG docker $USER, then log in again",
+        )
+    return RuntimeFailure(
+        f"Docker daemon not reachable at {host}",
+        hint=(
+            "start it: sudo systemctl start docker (on a dev machine: make docker-engine); "
+            "check DOCKER_HOST if it points elsewhere"
+        ),
+    )
+
+
+def ensure_image(image: str, client: docker.DockerClient | None = None) -> str:
+    """Return the local image id of `image`, or fail with how to build or pull it.
+
+    `up` calls this before launching so a missing image is reported before any model download or
+    prewarm, not as a container creation error minutes later. Images are never pulled implicitly:
+    the Spark image is built locally from docker/Dockerfile and pulling tens of GB unasked is rude.
+    """
+    from docker.errors import APIError, ImageNotFound
+
+    client = client or connect()
+    try:
+        return client.images.get(image).id
+    except ImageNotFound:
+        raise RuntimeFailure(
+            f"Docker image {image} not found locally", hint=image_build_hint(image)
+        ) from None
+    except APIError as exc:
+        raise RuntimeFailure(f"could not inspect Docker image {image}: {_api_text(exc)}") from None
+
+
+def ensure_plan_image(plan: Plan) -> str:
+    """`ensure_image` for a docker Plan (what the `up` pipeline calls at its "ensure image" step)."""
+    spec = _container_spec(plan)
+    return ensure_image(spec.image)
+
+
+def _container_spec(plan: Plan) -> ContainerSpec:
+    if plan.container is None:
+        raise UserError(
+            f"recipe {plan.recipe_name} has no container settings for the docker runtime",
+            hint="set container.image in the recipe, or use runtime: native",
+        )
+    return plan.container
+
+
+def _api_text(exc: Exception) -> str:
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc).strip()
+
+
+def port_owner(host: str, port: int) -> str | None:
+    """Who listens on `port`, as "pid N (cmdline)" when psutil can tell, else None.
+
+    Containers run on the host network, so a taken port would otherwise surface only as vLLM's
+    "address already in use" deep in the container log after the image has started.
+    """
+    bind_host = "0.0.0.0" if host in ("0.0.0.0", "", "*") else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((bind_host, port))
+        except OSError:
+            pass
+        else:
+            return None
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                try:
+                    proc = psutil.Process(conn.pid)
+                    cmd = " ".join(proc.cmdline()) or proc.name()
+                except psutil.Error:
+                    cmd = "?"
+                return f"pid {conn.pid} ({cmd[:120]})"
+    except Exception:  # psutil may be refused the connection table; the port is taken all the same
+        pass
+    return "another process"
+
+
+class DockerRuntime:
+    """Runtime protocol implementation for `runtime: docker` recipes (see sparkctl.runtimes.base)."""
+
+    name = "docker"
+
+    def __init__(self, *, image: str | None = None, timeout_s: float = 10.0) -> None:
+        # `image`, when known up front, lets `check()` also report a missing image (doctor, `up`).
+        self.image = image
+        self.timeout_s = timeout_s
+        self._client: docker.DockerClient | None = None
+
+    # -- connection ---------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect(self.timeout_s)
+        return self._client
+
+    def check(self) -> None:
+        """Fail with one line + hint unless the daemon answers (and the image, when known, is here)."""
+        self._client = connect(self.timeout_s)
+        if self.image:
+            ensure_image(self.image, self._client)
+
+    # -- start --------------------------------------------------------------------------------------
+
+    def start(self, plan: Plan, log_path: Path) -> ServerState:
+        """Create and start the container; return at once (the caller gates on health).
+
+        On any failure after the container exists it is removed again, so a failed start leaves
+        nothing of ours behind.
+        """
+        from docker.errors import APIError, ImageNotFound
+
+        spec = _container_spec(plan)
+        client = self.client
+        image_id = ensure_image(spec.image, client)
+        name = spec.name or container_name_for(plan.recipe_name)
+        self._clear_name(name, plan.recipe_name)
+
+        owner = port_owner(plan.host, plan.port)
+        if owner is not None:
+            raise RuntimeFailure(
+                f"port {plan.port} is already in use by {owner}",
+                hint=f"stop it, or choose another port: --set serve.port=<port> (recipe {plan.recipe_name})",
+            )
+
+        if not plan.argv:
+            raise UserError(f"recipe {plan.recipe_name} produced an empty engine command line")
+        kwargs = self._create_kwargs(plan, spec, name)
+        try:
+            container = client.containers.create(
+                spec.image, command=list(plan.argv[1:]), entrypoint=[plan.argv[0]], **kwargs
+            )
+        except ImageNotFound:
+            raise RuntimeFailure(
+                f"Docker image {spec.image} not found locally", hint=image_build_hint(spec.image)
+            ) from None
+        except APIError as exc:
+            raise RuntimeFailure(
+                f"could not create container {name}: {_api_text(exc)}",
+                hint="check the recipe's container.mounts and container.image",
+            ) from None
+        try:
+            container.start()
+        except APIError as exc:
+            with contextlib.suppress(APIError):
+                container.remove(force=True)
+            raise RuntimeFailure(
+                f"container {name} failed to start: {_api_text(exc)}",
+                hint="check engine.entrypoint exists inside the image and the mounts it needs",
+            ) from None
+        except BaseException:  # Ctrl-C between create and start: leave nothing behind
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+            raise
+        return ServerState(
+            recipe=plan.recipe_name,
+            runtime=self.name,
+            recipe_hash=plan.recipe_hash,
+            base_url=plan.base_url,
+            port=plan.port,
+            served_model_name=plan.served_model_name,
+            started_at=time.time(),
+            log_path=str(log_path),
+            container_id=container.id,
+            container_name=name,
+            extra={"image": spec.image, "image_id": image_id},
+        )
+
+    def _create_kwargs(self, plan: Plan, spec: ContainerSpec, name: str) -> dict[str, Any]:
+        from docker.types import DeviceRequest, Mount, Ulimit
+
+        mounts = []
+        for m in spec.mounts:
+            source = Path(m.source).expanduser()
+            if not source.exists():
+                if m.read_only:
+                    raise RuntimeFailure(
+                        f"mount source {source} does not exist (read-only mount to {m.target})",
+                        hint="fix container.mounts in the recipe",
+                    )
+                # Writable mounts are caches (HF hub, JIT caches): create them rather than let Docker
+                # create a root-owned directory, or fail.
+                source.mkdir(parents=True, exist_ok=True)
+            mounts.append(Mount(target=m.target, source=str(source), type="bind", read_only=m.read_only))
+        labels = dict(spec.labels)
+        labels.update(
+            {
+                LABEL_MANAGED: "true",
+                LABEL_RECIPE: plan.recipe_name,
+                LABEL_RECIPE_HASH: plan.recipe_hash,
+                LABEL_PORT: str(plan.port),
+                LABEL_MODEL: plan.served_model_name,
+            }
+        )
+        kwargs: dict[str, Any] = {
+            "name": name,
+            "detach": True,
+            "environment": dict(plan.env),
+            "labels": labels,
+            "mounts": mounts,
+            "ulimits": [Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in spec.ulimits.items()],
+            # No auto-remove: the log of a container that died during start-up is what explains it.
+            "auto_remove": False,
+        }
+        if spec.network_host:
+            kwargs["network_mode"] = "host"
+        else:
+            kwargs["ports"] = {f"{plan.port}/tcp": (plan.host, plan.port)}
+        if spec.ipc_host:
+            kwargs["ipc_mode"] = "host"  # /dev/shm is the host's; Docker rejects a size with it
+        elif spec.shm_size:
+            kwargs["shm_size"] = spec.shm_size
+        if spec.gpus:
+            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return kwargs
+
+    def _clear_name(self, name: str, recipe: str) -> None:
+        """Remove a stopped container of ours holding `name`; refuse a running one or a foreign one."""
+        from docker.errors import APIError, NotFound
+
+        try:
+            existing = self.client.containers.get(name)
+        except NotFound:
+            return
+        labels = existing.labels or {}
+        if labels.get(LABEL_MANAGED) != "true":
+            raise RuntimeFailure(
+                f"a container named {name} exists that sparkctl did not create",
+                hint=f"remove or rename it: docker rm -f {name}",
+            )
+        if existing.status in ("running", "restarting", "paused"):
+            raise RuntimeFailure(
+                f"container {name} for recipe {labels.get(LABEL_RECIPE, recipe)} is already {existing.status}",
+                hint=f"stop it first: sparkctl down {labels.get(LABEL_RECIPE, recipe)}",
+            )
+        try:
+            existing.remove(force=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            raise RuntimeFailure(f"could not remove the old container {name}: {_api_text(exc)}") from None
+
+    # -- inspect ------------------------------------------------------------------------------------
+
+    def _find(self, state: ServerState) -> Container | None:
+        """The container of `state`, by id, else by name if it carries this recipe's label."""
+        from docker.errors import NotFound
+
+        for key in (state.container_id, state.container_name):
+            if not key:
+                continue
+            try:
+                container = self.client.containers.get(key)
+            except NotFound:
+                continue
+            if (container.labels or {}).get(LABEL_RECIPE) == state.recipe:
+                return container
+        return None
+
+    def is_running(self, state: ServerState) -> bool:
+        container = self._find(state)
+        return container is not None and container.status == "running"
+
+    def exit_detail(self, state: ServerState) -> str | None:
+        """Why the container is not running ("exited with code 2", "OOM-killed"), or None if it runs.
+
+        The health gate uses this to say *how* a server died during start-up, not only that it did.
+        """
+        container = self._find(state)
+        if container is None:
+            return "container no longer exists"
+        s = container.attrs.get("State", {})
+        if s.get("Running"):
+            return None
+        if s.get("OOMKilled"):
+            return "container was OOM-killed"
+        detail = f"container exited with code {s.get('ExitCode')}"
+        if s.get("Error"):
+            detail += f": {s['Error']}"
+        return detail
+
+    def stats(self, state: ServerState) -> dict[str, int] | None:
+        """Memory in use by the container (bytes), for `status`; None when it is not running."""
+        container = self._find(state)
+        if container is None or container.status != "running":
+            return None
+        raw = container.stats(stream=False)
+        mem = raw.get("memory_stats", {})
+        return {"memory_bytes": int(mem.get("usage", 0)), "memory_limit_bytes": int(mem.get("limit", 0))}
+
+    # -- stop ---------------------------------------------------------------------------------------
+
+    def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
+        """Stop and remove the container, keeping its log in `state.log_path`. A gone one is fine."""
+        from docker.errors import APIError, NotFound
+
+        container = self._find(state)
+        if container is None:
+            return
+        try:
+            if container.status in ("running", "restarting", "paused"):
+                container.stop(timeout=max(1, int(timeout_s)))
+            self._save_log(container, state)
+            container.remove(force=True)
+        except NotFound:
+            return
+        except APIError as exc:
+            raise RuntimeFailure(
+                f"could not stop container {state.container_name or state.container_id}: {_api_text(exc)}",
+                hint=f"remove it by hand: docker rm -f {state.container_name or state.container_id}",
+            ) from None
+
+    @staticmethod
+    def _save_log(container: Container, state: ServerState) -> None:
+        """Keep the container's log after removal, for `sparkctl logs` and post-mortems (atomic write)."""
+        if not state.log_path:
+            return
+        path = Path(state.log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = container.logs(stdout=True, stderr=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    # -- logs ---------------------------------------------------------------------------------------
+
+    def logs(self, state: ServerState, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
+        """Lines of the container's output; from the saved log file once the container is gone."""
+        container = self._find(state)
+        if container is None:
+            yield from _file_lines(state, tail)
+            return
+        if follow:
+            # The default client has a short read timeout; a quiet server must not end `logs -f`.
+            follow_client = connect(timeout_s=0)
+            container = follow_client.containers.get(container.id)
+        chunks = container.logs(
+            stdout=True, stderr=True, stream=True, follow=follow, tail="all" if tail is None else tail
+        )
+        yield from _split_lines(chunks)
+
+
+def _split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", "replace").rstrip("\r")
+    if pending:
+        yield pending.decode("utf-8", "replace").rstrip("\r")
+
+
+def _file_lines(state: ServerState, tail: int | None) -> Iterator[str]:
+    if not state.log_path or not Path(state.log_path).exists():
+        raise RuntimeFailure(
+            f"no container and no saved log for recipe {state.recipe}",
+            hint="the container was removed outside sparkctl (docker rm)",
+        )
+    lines = Path(state.log_path).read_text(errors="replace").splitlines()
+    yield from lines if tail is None else lines[-tail:] if tail > 0 else []
