@@ -1,0 +1,300 @@
+"""The native runtime: the engine as a supervised child process on the host, in its own process group.
+
+Used for the embedded `tiny` recipe (vLLM on the CPU, no Docker needed) and for anyone who installed
+vLLM themselves. The server runs in a new session, so a Ctrl-C in the user's terminal does not reach
+it once `up` has returned, and `stop` can signal the whole group: vLLM forks an engine-core process
+and workers that must go down with the API server, or they keep the memory and the port.
+
+A pid alone is not an identity (pids are reused), so the state records the leader's start time and
+every check compares it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+
+from sparkctl.errors import RuntimeFailure
+from sparkctl.planner.types import Plan
+from sparkctl.runtimes.base import ServerState
+
+# psutil derives start times from the boot time and the kernel's clock ticks (10 ms), so two reads of
+# the same process agree exactly; the slack only absorbs float formatting in the state file.
+_CREATE_TIME_SLACK_S = 0.001
+
+
+class NativeRuntime:
+    """Runtime protocol implementation for a host process (see sparkctl.runtimes.base.Runtime)."""
+
+    name = "native"
+
+    def __init__(self) -> None:
+        # Children started by this process: kept so they can be reaped (no zombies while `up` waits)
+        # and so an early exit reports the real exit code.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # -- protocol ------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """The native runtime needs POSIX process groups; everything else is checked at start."""
+        if os.name != "posix":
+            raise RuntimeFailure(
+                "the native runtime needs a POSIX system (process groups)",
+                hint="use the docker runtime: --runtime docker",
+            )
+
+    def start(self, plan: Plan, log_path: Path) -> ServerState:
+        """Spawn `plan.argv` with `plan.env` in a new session; stdout and stderr go to `log_path`."""
+        if not plan.argv:
+            raise RuntimeFailure(f"recipe {plan.recipe_name}: the plan has an empty command line")
+        exe = plan.argv[0]
+        if shutil.which(exe) is None:
+            raise RuntimeFailure(
+                f"cannot start {plan.recipe_name}: executable {exe!r} not found",
+                hint="install the engine (for vLLM on the CPU: make install-vllm) or set engine.entrypoint",
+            )
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **plan.env}
+        # Unbuffered so the health gate's "last log line" is the server's latest, not one a pipe holds.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        with open(log_path, "ab") as log:
+            log.write(f"# sparkctl: starting {plan.recipe_name}: {shlex.join(plan.argv)}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    list(plan.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                raise RuntimeFailure(f"cannot start {plan.recipe_name}: {exc}") from exc
+        self._children[proc.pid] = proc
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            create_time = 0.0  # exited already; is_running() is False and exit_code() tells why
+        return ServerState(
+            recipe=plan.recipe_name,
+            runtime=self.name,
+            recipe_hash=plan.recipe_hash,
+            base_url=plan.base_url,
+            port=plan.port,
+            served_model_name=plan.served_model_name,
+            started_at=time.time(),
+            log_path=str(log_path),
+            pid=proc.pid,
+            extra={"create_time": repr(create_time), "pgid": str(proc.pid), "argv": shlex.join(plan.argv)},
+        )
+
+    def is_running(self, state: ServerState) -> bool:
+        proc = self._leader(state)
+        if proc is None:
+            return False
+        try:
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def exit_code(self, state: ServerState) -> int | None:
+        """The leader's exit status if it was our child and has exited (negative: killed by that signal)."""
+        child = self._children.get(state.pid or -1)
+        return None if child is None else child.poll()
+
+    def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
+        """SIGTERM the process group, wait up to `timeout_s`, then SIGKILL what is left. Idempotent."""
+        members = self._members(state)
+        if members:
+            self._signal(state, members, signal.SIGTERM)
+            members = self._wait_gone(state, members, timeout_s)
+        if members:
+            self._signal(state, members, signal.SIGKILL)
+            members = self._wait_gone(state, members, 10.0)
+        self._reap(state)
+        if members:
+            names = ", ".join(f"{p.pid}" for p in members)
+            raise RuntimeFailure(
+                f"could not stop {state.recipe}: processes {names} survive SIGKILL",
+                hint="they may be stuck in the kernel (D state); check `ps -o pid,stat,cmd -p ...`",
+            )
+
+    def logs(self, state: ServerState, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
+        """Lines of the server's log file; with `follow`, keep yielding until the server is gone."""
+        if not state.log_path:
+            return iter(())
+        return follow_file(
+            Path(state.log_path), tail=tail, follow=follow, alive=lambda: self.is_running(state)
+        )
+
+    # -- extras used by `status` ---------------------------------------------------------------------
+
+    def memory_bytes(self, state: ServerState) -> int | None:
+        """Resident memory of the whole process tree (API server + engine core + workers)."""
+        members = self._members(state)
+        if not members:
+            return None
+        total = 0
+        for p in members:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        return total
+
+    # -- internals -----------------------------------------------------------------------------------
+
+    def _leader(self, state: ServerState) -> psutil.Process | None:
+        """The recorded leader, if it is still the same process (pid and start time both match)."""
+        if not state.pid:
+            return None
+        try:
+            proc = psutil.Process(state.pid)
+            started = proc.create_time()
+        except psutil.Error:
+            return None
+        recorded = _float(state.extra.get("create_time"))
+        if recorded is not None and abs(started - recorded) > _CREATE_TIME_SLACK_S:
+            return None  # the pid was reused by an unrelated process
+        return proc
+
+    def _members(self, state: ServerState) -> list[psutil.Process]:
+        """Every live process of the server: its process group plus any descendant that left it.
+
+        Linux never hands out a pid that is still some process's group id, so while a member of the
+        group lives the leader's pid cannot have been reused. Hence: leader alive and matching, or
+        leader gone -> the processes in that group are ours; leader's pid alive but with another
+        start time -> the number was reused after our whole group died, nothing is ours.
+        """
+        pgid = int(state.extra.get("pgid") or state.pid or 0)
+        if pgid <= 0:
+            return []
+        leader = self._leader(state)
+        if leader is None and state.pid and psutil.pid_exists(state.pid):
+            try:
+                if psutil.Process(state.pid).status() != psutil.STATUS_ZOMBIE:
+                    return []
+            except psutil.Error:
+                pass
+        not_before = (_float(state.extra.get("create_time")) or 0.0) - _CREATE_TIME_SLACK_S
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["pid", "create_time", "status"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= not_before:
+                    found[proc.pid] = proc
+            except (OSError, psutil.Error):
+                continue
+        if leader is not None:
+            with contextlib.suppress(psutil.Error):
+                for child in leader.children(recursive=True):
+                    found.setdefault(child.pid, child)
+        return list(found.values())
+
+    def _signal(self, state: ServerState, members: list[psutil.Process], sig: signal.Signals) -> None:
+        pgid = int(state.extra.get("pgid") or state.pid or 0)
+        if pgid > 0 and any(_pgid(p) == pgid for p in members):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for p in members:  # descendants that moved to another group
+            if _pgid(p) != pgid:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(sig)
+
+    def _wait_gone(
+        self, state: ServerState, members: list[psutil.Process], timeout_s: float
+    ) -> list[psutil.Process]:
+        deadline = time.monotonic() + timeout_s
+        alive = members
+        while True:
+            # Reap through Popen, not psutil.wait_procs: the latter would swallow our child's exit status.
+            self._reap(state)
+            alive = [p for p in alive if _is_live(p)]
+            if not alive or time.monotonic() >= deadline:
+                return alive
+            time.sleep(0.1)
+
+    def _reap(self, state: ServerState) -> None:
+        child = self._children.get(state.pid or -1)
+        if child is not None:
+            child.poll()
+
+
+def follow_file(
+    path: Path,
+    *,
+    tail: int | None = None,
+    follow: bool = False,
+    alive: Callable[[], bool] | None = None,
+    poll_s: float = 0.25,
+) -> Iterator[str]:
+    """Yield the lines of a log file (the last `tail` ones), then, with `follow`, new lines as written.
+
+    Following stops once `alive()` turns False and everything written has been read, the way
+    `docker logs -f` ends with its container.
+    """
+    try:
+        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 (generator owns it)
+    except FileNotFoundError:
+        return
+    with fh:
+        lines = deque(fh, maxlen=tail) if tail is not None else fh
+        for line in lines:
+            yield line.rstrip("\n")
+        if not follow:
+            return
+        pending = ""
+        while True:
+            chunk = fh.readline()
+            if chunk:
+                pending += chunk
+                if pending.endswith("\n"):
+                    yield pending.rstrip("\n")
+                    pending = ""
+                continue
+            if alive is not None and not alive():
+                rest = fh.read()
+                if pending or rest:
+                    for line in (pending + rest).splitlines():
+                        yield line
+                return
+            time.sleep(poll_s)
+
+
+def tail_lines(path: Path | str | None, n: int) -> list[str]:
+    """The last `n` lines of a file, or [] when it does not exist."""
+    if not path:
+        return []
+    return list(follow_file(Path(path), tail=n))
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
+
+
+def _is_live(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,102 @@
+"""One JSON file per running recipe, so `down`, `status` and `logs` find a server started earlier.
+
+Files live under `sparkctl.paths.state_dir()/servers/<recipe>.json`. Writes go to a temp file in the
+same directory and are renamed into place, so a crash never leaves a half-written state file that a
+later `down` would choke on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+from sparkctl import paths
+from sparkctl.errors import RuntimeFailure
+from sparkctl.runtimes.base import ServerState
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def servers_dir() -> Path:
+    return paths.state_dir() / "servers"
+
+
+def state_path(recipe: str) -> Path:
+    """Recipe names are file names already; anything else (a path-like name) is flattened safely."""
+    name = _SAFE.sub("_", recipe).strip("._") or "recipe"
+    return servers_dir() / f"{name}.json"
+
+
+def save(state: ServerState) -> Path:
+    """Write atomically: temp file in the target directory, fsync, rename."""
+    target = state_path(state.recipe)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(state.to_json(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _from_dict(data: dict, source: Path) -> ServerState:
+    known = {f.name for f in fields(ServerState)}
+    try:
+        return ServerState(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:
+        raise RuntimeFailure(
+            f"state file {source} is not a sparkctl server state ({exc})",
+            hint=f"remove it if no server of that recipe is running: rm {source}",
+        ) from exc
+
+
+def load(recipe: str) -> ServerState | None:
+    """The state of `recipe`, or None when there is none."""
+    path = state_path(recipe)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RuntimeFailure(
+            f"state file {path} is corrupt: {exc}",
+            hint=f"remove it if no server of that recipe is running: rm {path}",
+        ) from exc
+    return _from_dict(data, path)
+
+
+def load_all() -> list[ServerState]:
+    """Every recorded server, sorted by recipe name; unreadable files are skipped, not fatal."""
+    out: list[ServerState] = []
+    directory = servers_dir()
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            out.append(_from_dict(data, path))
+        except (OSError, json.JSONDecodeError, RuntimeFailure):
+            continue
+    return out
+
+
+def remove(recipe: str) -> bool:
+    """Delete the state file of `recipe`; True if there was one. Idempotent."""
+    path = state_path(recipe)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
