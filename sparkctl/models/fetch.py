@@ -1,0 +1,227 @@
+"""Put a recipe's model on local disk and prove it is complete before a server is asked to load it.
+
+Three sources, one answer (a local directory):
+- `repo`: `huggingface_hub.snapshot_download` at the pinned revision into the standard HF cache, so
+  other tools share the download and an interrupted one resumes; `offline` uses the cache only.
+- `path`: a directory the user already has.
+- `generate`: a named generator (sparkctl.models.generators) writes the model on first use into a temp
+  directory next to its final place, then renames it, so a half-written model is never reused.
+
+Then the weight files are counted and sized against the recipe (`expected_shards`, `expected_bytes`):
+a truncated download fails here with one line instead of minutes later inside the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from sparkctl import paths
+from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.models.generators import GENERATORS
+from sparkctl.planner.types import ModelSource
+
+
+def resolve_model(source: ModelSource, *, offline: bool = False, cache_dir: str | Path | None = None) -> Path:
+    """The local directory holding `source`, downloading or generating it if needed, then verified.
+
+    `cache_dir` overrides the Hugging Face cache (default: HF_HUB_CACHE / HF_HOME rules).
+    """
+    if source.repo:
+        model_dir = _download(source, offline=offline, cache_dir=cache_dir)
+    elif source.path:
+        model_dir = _local(source)
+    elif source.generate:
+        model_dir = _generate(source.generate)
+    else:
+        raise UserError("the recipe's model names no source: set model.repo, model.path or model.generate")
+    verify_model_dir(model_dir, source)
+    return model_dir
+
+
+def local_model_path(source: ModelSource, *, cache_dir: str | Path | None = None) -> Path | None:
+    """Where the model already is on this machine, or None; never touches the network or writes."""
+    if source.repo:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            found = snapshot_download(
+                source.repo,
+                revision=source.revision,
+                allow_patterns=list(source.allow_patterns) or None,
+                cache_dir=cache_dir,
+                local_files_only=True,
+            )
+        except (LocalEntryNotFoundError, FileNotFoundError, ValueError, OSError):
+            return None
+        return Path(found)
+    if source.path:
+        p = Path(source.path).expanduser()
+        return p if p.is_dir() else None
+    if source.generate:
+        p = paths.generated_model_dir(source.generate)
+        return p if p.is_dir() else None
+    return None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The files a loader reads (prewarm's definition, shared so warm-up and checks agree)."""
+    from prewarm import PrewarmError, model_files
+
+    try:
+        return model_files(model_dir)
+    except PrewarmError as exc:
+        raise RuntimeFailure(str(exc), hint=getattr(exc, "hint", None)) from exc
+
+
+def verify_model_dir(model_dir: Path, source: ModelSource) -> list[Path]:
+    """Check the directory holds loadable weights matching the recipe's shard count and byte total."""
+    files = weight_files(model_dir)
+    where = source.repo or source.path or source.generate or str(model_dir)
+    if source.format != "gguf" and not (model_dir / "config.json").is_file():
+        raise RuntimeFailure(
+            f"model {where}: {model_dir} has no config.json",
+            hint="point model.path at a Hugging Face style model directory",
+        )
+    if source.expected_shards is not None and len(files) != source.expected_shards:
+        raise RuntimeFailure(
+            f"model {where}: {len(files)} weight file(s) in {model_dir}, the recipe expects {source.expected_shards}",
+            hint=_incomplete_hint(source),
+        )
+    total = sum(f.stat().st_size for f in files)
+    if source.expected_bytes is not None and total != source.expected_bytes:
+        raise RuntimeFailure(
+            f"model {where}: weight files total {total:,} bytes in {model_dir}, the recipe expects "
+            f"{source.expected_bytes:,}",
+            hint=_incomplete_hint(source),
+        )
+    return files
+
+
+def _incomplete_hint(source: ModelSource) -> str:
+    if source.repo:
+        return (
+            "the download is incomplete or the revision differs from the recipe's pin; "
+            "run `sparkctl up` again without --offline to resume it"
+        )
+    return "the model directory does not match the recipe (model.expected_shards / model.expected_bytes)"
+
+
+def _download(source: ModelSource, *, offline: bool, cache_dir: str | Path | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    name = f"{source.repo}@{source.revision}" if source.revision else source.repo
+    try:
+        found = snapshot_download(
+            source.repo,
+            revision=source.revision,
+            allow_patterns=list(source.allow_patterns) or None,
+            cache_dir=cache_dir,
+            local_files_only=offline,
+        )
+    except GatedRepoError as exc:
+        raise RuntimeFailure(
+            f"model {name} is gated and this machine's Hugging Face token cannot read it",
+            hint="accept the licence on the model page, then `hf auth login` or set HF_TOKEN",
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise UserError(
+            f"model {name}: revision {source.revision!r} does not exist",
+            hint="fix model.revision in the recipe",
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise UserError(
+            f"model {source.repo}: no such repository (or it is private)",
+            hint="check model.repo; for a private repo set HF_TOKEN",
+        ) from exc
+    except LocalEntryNotFoundError as exc:
+        if offline:
+            raise RuntimeFailure(
+                f"model {name} is not in the local Hugging Face cache and --offline forbids downloading",
+                hint="run once without --offline (downloads resume), or copy the snapshot into the HF cache",
+            ) from exc
+        raise RuntimeFailure(
+            f"model {name}: the Hugging Face hub is unreachable and the model is not cached",
+            hint="check the network (HF_ENDPOINT, proxy), or download it on another machine into the HF cache",
+        ) from exc
+    except HfHubHTTPError as exc:
+        raise RuntimeFailure(
+            f"model {name}: download failed: {exc}", hint="run `sparkctl up` again to resume"
+        ) from exc
+    except OSError as exc:
+        raise RuntimeFailure(
+            f"model {name}: download failed: {exc}",
+            hint="check free disk space in the HF cache (HF_HOME), then run again to resume",
+        ) from exc
+    return Path(found)
+
+
+def _local(source: ModelSource) -> Path:
+    assert source.path is not None
+    p = Path(source.path).expanduser()
+    if not p.exists():
+        raise UserError(f"model.path {p} does not exist", hint="fix model.path in the recipe")
+    if not p.is_dir():
+        raise UserError(
+            f"model.path {p} is not a directory", hint="point model.path at the model's directory"
+        )
+    return p.resolve()
+
+
+def _generate(name: str) -> Path:
+    """Run the named generator once; later calls reuse its output (the rename marks it complete)."""
+    target = paths.generated_model_dir(name)
+    if target.is_dir():
+        return target
+    spec = GENERATORS.get(name)
+    if spec is None:
+        valid = ", ".join(sorted(GENERATORS))
+        raise UserError(f"unknown model generator {name!r}", hint=f"model.generate must be one of: {valid}")
+    module_name, attr = spec.split(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeFailure(
+            f"model generator {name!r} ({spec}) is not available: {exc}",
+            hint="install what it needs (make install-vllm brings torch, tokenizers and safetensors)",
+        ) from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=target.parent))
+    try:
+        fn(tmp)
+        _share(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():  # a concurrent `up` finished first: use its copy
+                raise
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, RuntimeFailure | UserError):
+            raise RuntimeFailure(f"model generator {name!r} failed: {exc}") from exc
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _share(directory: Path) -> None:
+    """mkdtemp makes 0700 and some writers 0600; a model is read by containers and other users too."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for root, dirs, files in os.walk(directory):
+        for d in dirs:
+            os.chmod(Path(root) / d, 0o777 & ~umask)
+        for f in files:
+            os.chmod(Path(root) / f, 0o666 & ~umask)
+    os.chmod(directory, 0o777 & ~umask)
