@@ -45,6 +45,8 @@ class ContainerSpec:
     ulimits: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (soft, hard)
     mounts: tuple[Mount, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # host device paths passed through (e.g. /dev/infiniband for RDMA)
+    memory_limit: str | None = None  # cgroup cap, docker's --memory (e.g. "112g")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Plan:
     health_timeout_s: float
     container: ContainerSpec | None = None
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # things to know that are not problems (e.g. start Ray on both nodes first)
 
     @property
     def base_url(self) -> str:
