@@ -329,9 +329,13 @@ def tile_permutation() -> torch.Tensor:
 
 
 @cache
-def _rowmajor_order() -> torch.Tensor:
-    """Inverse of :func:`tile_permutation`: for row-major tile position q, the trellis position j stored there."""
-    return torch.argsort(tile_permutation())
+def _rowmajor_order(device: torch.device) -> torch.Tensor:
+    """Inverse of :func:`tile_permutation`: for row-major tile position q, the trellis position j stored there.
+
+    Cached per device, like every other table here, so a warmed-up call makes no host-to-device copies and can
+    be captured in a CUDA graph.
+    """
+    return torch.argsort(tile_permutation()).to(device)
 
 
 def w_hat(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
@@ -344,7 +348,7 @@ def w_hat(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
     bits = bits_of(trellis)
     tiles_k, tiles_n = int(trellis.shape[0]), int(trellis.shape[1])
     table = decode_table(codebook, trellis.device)
-    order = _rowmajor_order().to(trellis.device)
+    order = _rowmajor_order(trellis.device)
     out = torch.empty(tiles_k, TILE, tiles_n, TILE, dtype=torch.float16, device=trellis.device)
     rows_per_chunk = max(1, _STATES_PER_CHUNK // (tiles_n * TILE_WEIGHTS))
     for k0 in range(0, tiles_k, rows_per_chunk):
