@@ -1,0 +1,268 @@
+"""EXL3 routed experts in vLLM's fused-MoE layer.
+
+EXL3 stores every expert as separate linears (``experts.<e>.<proj>.trellis`` etc., SPEC 1.5), each with
+its own K. vLLM's ``RoutedExperts.load_weights`` maps those names onto ``w13_<tensor>`` (gate = ``w1``,
+up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with the global expert id; our
+loaders keep per-expert tensors, cut for tensor parallelism on 128 boundaries.
+
+The forward is one function, :func:`exl3_moe_forward`, so a fused EXL3 MoE kernel can replace it later
+without touching the rest. Until then it runs every local expert on every token through the EXL3 GEMM op
+and weights the result by that token's routing weight for the expert (zero when not routed). That costs
+``local experts / top_k`` times the minimal work, but it has no host synchronisation and no Python branch
+on routing values: the routing tensors are only multiplied and compared, never read back, so it is safe
+under CUDA graphs and torch.compile and gives exactly the top-k weighted sum vLLM expects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn import Parameter
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from vllm.model_executor.utils import set_weight_attrs
+
+from . import settings, storage
+from .linear import LOADED_TENSORS, Exl3LoadError, ShardWeights, exl3_linear, finish_shard, op_dtype_for
+
+logger = logging.getLogger("sparkctl_exl3.vllm_plugin")
+
+#: vLLM's shard ids for an expert's projections and the checkpoint names they usually come from
+PROJ_NAMES = {"w1": "gate_proj (w1)", "w3": "up_proj (w3)", "w2": "down_proj (w2)"}
+
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+}
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One expert's three projections (``up`` is None for non-gated activations)."""
+
+    gate: ShardWeights
+    up: ShardWeights | None
+    down: ShardWeights
+
+
+@dataclass
+class ExpertsPlan:
+    prefix: str
+    local_experts: int
+    hidden: int
+    intermediate: int  # per tensor-parallel partition
+    tp_rank: int
+    tp_size: int
+    gated: bool
+    activation: str
+    loaded: dict[tuple[int, str], dict[str, torch.Tensor]] = field(default_factory=dict)
+    global_ids: dict[int, int] = field(default_factory=dict)  # local -> global expert id
+
+
+def exl3_moe_forward(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: Sequence[ExpertWeights],
+    expert_ids: Sequence[int],
+    *,
+    hidden: int,
+    intermediate: int,
+    activation: str,
+    apply_router_weight_on_input: bool = False,
+) -> torch.Tensor:
+    """Top-k weighted sum of the routed experts' outputs for x [tokens, hidden] -> [tokens, hidden].
+
+    ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. The loop is over
+    the experts this rank holds (a fixed Python list), never over routing values.
+    """
+    act = _ACTIVATIONS[activation]
+    dtype = op_dtype_for(x)
+    out = torch.zeros(x.shape[0], hidden, dtype=torch.float32, device=x.device)
+    for expert, global_id in zip(experts, expert_ids, strict=True):
+        # this expert's routing weight per token, 0 where it was not chosen
+        weight = (topk_weights * (topk_ids == global_id)).sum(dim=-1, keepdim=True).to(torch.float32)
+        xe = x * weight.to(x.dtype) if apply_router_weight_on_input else x
+        h = act(exl3_linear(xe, expert.gate, intermediate, dtype).float())
+        if expert.up is not None:
+            h = h * exl3_linear(xe, expert.up, intermediate, dtype).float()
+        y = exl3_linear(h.to(dtype), expert.down, hidden, dtype).float()
+        out = out + (y if apply_router_weight_on_input else y * weight)
+    return out.to(x.dtype)
+
+
+class EXL3MoEMethod(FusedMoEMethodBase):
+    """Routed experts stored as EXL3: per-expert tensors, forward through :func:`exl3_moe_forward`."""
+
+    def __init__(self, quant_config: Any, moe: Any, prefix: str):
+        super().__init__(moe)
+        self.quant_config = quant_config
+        self.prefix = prefix
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        moe = layer.moe_config
+        activation = moe.activation.value.removesuffix("_no_mul")
+        if activation not in _ACTIVATIONS:
+            raise Exl3LoadError(
+                f"{self.prefix}: MoE activation {moe.activation.value!r} is not supported by the EXL3 plugin "
+                f"(supported: {', '.join(_ACTIVATIONS)})"
+            )
+        plan = ExpertsPlan(
+            prefix=self.prefix,
+            local_experts=num_experts,
+            hidden=hidden_size,
+            intermediate=intermediate_size_per_partition,
+            tp_rank=int(moe.tp_rank),
+            tp_size=int(moe.tp_size),
+            gated=bool(moe.is_act_and_mul),
+            activation=activation,
+        )
+        if plan.tp_size > 1:
+            storage.column_cut(
+                f"{self.prefix} (expert intermediate)",
+                (plan.tp_rank + 1) * plan.intermediate,
+                plan.intermediate,
+                plan.tp_rank,
+                plan.tp_size,
+            )
+        layer.exl3_plan = plan
+        for group in ("w13", "w2"):
+            for name, dtype in LOADED_TENSORS.items():
+                param = Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+                layer.register_parameter(f"{group}_{name}", param)
+                set_weight_attrs(param, {"weight_loader": partial(self._load, layer, name)})
+
+    def _load(
+        self,
+        layer: torch.nn.Module,
+        name: str,
+        param: Parameter,
+        loaded_weight: torch.Tensor,
+        weight_name: str = "",
+        shard_id: str = "",
+        expert_id: int = -1,
+        return_success: bool = False,
+    ) -> bool | None:
+        """Loader for one tensor of one expert projection; returns False for experts other ranks hold."""
+        plan: ExpertsPlan = layer.exl3_plan
+        local = int(layer._map_global_expert_id_to_local_expert_id(expert_id))
+        if local < 0:
+            return False if return_success else None
+        if shard_id not in PROJ_NAMES:
+            raise Exl3LoadError(f"{plan.prefix}: unexpected expert shard id {shard_id!r} for {weight_name}")
+        label = f"{plan.prefix}.{expert_id}.{PROJ_NAMES[shard_id]}"
+        t = loaded_weight
+        if name == "trellis" and t.dim() != 3:
+            raise Exl3LoadError(f"{label}.trellis: expected 3 dims [I/16, O/16, 16*K], got {tuple(t.shape)}")
+        if plan.tp_size > 1 and name in ("trellis", "suh", "svh"):
+            if shard_id == "w2" and name != "svh":  # down: input (intermediate) split
+                stored = t.shape[0] * 16 if name == "trellis" else t.shape[0]
+                start, width = storage.row_cut(label, stored, plan.intermediate, plan.tp_rank, plan.tp_size)
+                t = t.narrow(0, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
+            elif shard_id != "w2" and name != "suh":  # gate/up: output (intermediate) split
+                stored = t.shape[1] * 16 if name == "trellis" else t.shape[0]
+                start, width = storage.column_cut(
+                    label, stored, plan.intermediate, plan.tp_rank, plan.tp_size
+                )
+                t = t.narrow(1, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
+        plan.loaded.setdefault((local, shard_id), {})[name] = t.to(device=param.device).contiguous()
+        plan.global_ids[local] = int(expert_id)
+        return True if return_success else None
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        plan: ExpertsPlan = layer.exl3_plan
+        experts: list[ExpertWeights] = []
+        for local in range(plan.local_experts):
+            gid = plan.global_ids.get(local, local)
+            proj = {}
+            for shard in ("w1", "w3", "w2") if plan.gated else ("w1", "w2"):
+                label = f"{plan.prefix}.{gid}.{PROJ_NAMES[shard]}"
+                proj[shard] = finish_shard(label, plan.loaded.get((local, shard), {}))
+            experts.append(ExpertWeights(proj["w1"], proj.get("w3"), proj["w2"]))
+            if settings.load().log_layers:
+                logger.info(
+                    "exl3 %s expert %d: K=%s codebooks=%s",
+                    plan.prefix,
+                    gid,
+                    [proj[s].bits for s in proj],
+                    [proj[s].codebook for s in proj],
+                )
+        for group in ("w13", "w2"):
+            for name in LOADED_TENSORS:
+                delattr(layer, f"{group}_{name}")
+        # Keep the tensors as (non-persistent) buffers so they move with the module and torch.compile sees them.
+        for local, expert in enumerate(experts):
+            for tag, w in (("gate", expert.gate), ("up", expert.up), ("down", expert.down)):
+                if w is None:
+                    continue
+                for name in ("trellis", "suh", "svh"):
+                    layer.register_buffer(f"exl3_e{local}_{tag}_{name}", getattr(w, name), persistent=False)
+        layer.exl3_expert_meta = [
+            {tag: (w.codebook, w.bits) for tag, w in (("gate", e.gate), ("up", e.up), ("down", e.down)) if w}
+            for e in experts
+        ]
+        layer.exl3_expert_ids = [plan.global_ids.get(i, i) for i in range(plan.local_experts)]
+        plan.loaded.clear()
+
+    def expert_weights(self, layer: torch.nn.Module) -> list[ExpertWeights]:
+        """The loaded experts of ``layer``, read from its buffers (for the forward, tests and the GPU check)."""
+        experts = []
+        for local, meta in enumerate(layer.exl3_expert_meta):
+
+            def shard(tag: str, local: int = local, meta: dict = meta) -> ShardWeights | None:
+                if tag not in meta:
+                    return None
+                cb, bits = meta[tag]
+                return ShardWeights(
+                    getattr(layer, f"exl3_e{local}_{tag}_trellis"),
+                    getattr(layer, f"exl3_e{local}_{tag}_suh"),
+                    getattr(layer, f"exl3_e{local}_{tag}_svh"),
+                    cb,
+                    bits,
+                )
+
+            gate, down = shard("gate"), shard("down")
+            assert gate is not None and down is not None
+            experts.append(ExpertWeights(gate, shard("up"), down))
+        return experts
+
+    def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
+        # Self-contained method: no vLLM modular kernel, so no FusedMoEQuantConfig (as GGUF does).
+        return None
+
+    def apply(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        shared_experts: Any = None,
+        shared_experts_input: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # Shared experts (if any) are run by vLLM's MoE runner when the method has no modular kernel.
+        plan: ExpertsPlan = layer.exl3_plan
+        return exl3_moe_forward(
+            x,
+            topk_weights,
+            topk_ids,
+            self.expert_weights(layer),
+            layer.exl3_expert_ids,
+            hidden=x.shape[-1],
+            intermediate=plan.intermediate,
+            activation=plan.activation,
+            apply_router_weight_on_input=bool(getattr(layer, "apply_router_weight_on_input", False)),
+        )
