@@ -138,7 +138,8 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
 
     if mem.weights_bytes is not None:
         weights = mem.weights_bytes
-        notes.append(f"weights: {gib(weights)} resident per node (memory.weights_bytes)")
+        per_node = " per node" if ranks > 1 else ""
+        notes.append(f"weights: {gib(weights)} resident{per_node} (memory.weights_bytes)")
     else:
         on_disk = recipe.model.expected_bytes or weights_on_disk(model_path)
         if on_disk:
@@ -160,7 +161,8 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
         # llama-server allocates the whole -c context up front (shared by its -np slots)
         kv = need_tokens * per_token
         budget = weights + kv + overhead
-        notes.append(f"kv cache: {need_tokens} tokens x {per_token} B allocated up front by llama-server")
+        if per_token:
+            notes.append(f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by llama-server")
     elif serve.kv_cache_memory_bytes is not None:
         kv = serve.kv_cache_memory_bytes
         budget = weights + kv + overhead
@@ -193,7 +195,7 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
     if per_token == 0:
         notes.append("kv bytes per token unknown (model.kv not set): context capacity not checked")
 
-    if kv <= 0:
+    if kv <= 0 and not (recipe.engine.name == "llama.cpp" and per_token == 0):
         problems.append(
             f"no room for a KV cache: weights {gib(weights)} + overhead {gib(overhead)} exceed the "
             f"engine budget {gib(budget)}"
