@@ -1,0 +1,77 @@
+"""`sparkctl prewarm RECIPE|PATH`: warm, evict or measure a model's shards (see the prewarm package).
+
+A PATH (a model directory or shard files) works on its own; a RECIPE name resolves to the model's
+local directory through the recipe, the planner and the model cache, without downloading anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from prewarm.cli import execute, options_from, prewarm_options
+from sparkctl.errors import RuntimeFailure, UserError
+
+
+def _is_path(target: str) -> bool:
+    p = Path(target).expanduser()
+    if p.suffix in (".yaml", ".yml"):
+        return False  # a recipe file
+    return p.exists() or os.sep in target or target.startswith((".", "~"))
+
+
+def resolve_targets(targets: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[list[str], int | None]:
+    """Paths to warm and the recipe's `load.workers` (None for plain paths)."""
+    if len(targets) > 1 or _is_path(targets[0]):
+        if overrides:
+            raise UserError("--set applies to a recipe, not to paths")
+        return [str(Path(t).expanduser()) for t in targets], None
+    name = targets[0]
+    try:
+        from sparkctl.models.fetch import local_model_path
+        from sparkctl.planner import plan
+        from sparkctl.recipe import load_recipe
+    except ImportError as exc:
+        raise UserError(
+            f"cannot resolve recipe {name!r}: recipe support is missing from this install ({exc.name})",
+            hint="pass the model directory instead: sparkctl prewarm PATH",
+        ) from None
+    recipe = load_recipe(name, overrides)
+    the_plan = plan(recipe, check_memory=False)
+    local = local_model_path(the_plan.model)
+    if local is None:
+        src = the_plan.model.repo or the_plan.model.path or the_plan.model.generate
+        raise UserError(
+            f"recipe {name}: its model ({src}) is not on this machine yet",
+            hint=f"`sparkctl up {name}` fetches it; or pass a model directory",
+        )
+    return [str(local)], the_plan.load.workers
+
+
+@click.command("prewarm")
+@click.argument("targets", nargs=-1, required=True, metavar="RECIPE|PATH...")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a recipe field.")
+@prewarm_options
+def prewarm_cmd(targets: tuple[str, ...], overrides: tuple[str, ...], **kwargs: Any) -> int:
+    """Warm a model's shards into the page cache with parallel readers, or evict / measure them.
+
+    \b
+    sparkctl prewarm glm-5.3-flash            # warm the recipe's model, 8 workers
+    sparkctl prewarm ~/models/m --cold --json # cold-read GiB/s, JSON report
+    sparkctl prewarm ~/models/m --evict       # give the page cache back (no root)
+    sparkctl prewarm ~/models/m --measure-disk
+    """
+    from prewarm.errors import PrewarmError
+
+    paths, recipe_workers = resolve_targets(targets, overrides)
+    try:
+        code = execute(paths, options_from(kwargs, default_workers=recipe_workers or 8))
+    except PrewarmError as exc:
+        cls = UserError if exc.exit_code == 2 else RuntimeFailure
+        raise cls(str(exc), hint=exc.hint) from None
+    ctx = click.get_current_context()
+    ctx.exit(code)
+    return code
