@@ -287,12 +287,16 @@ class DockerRuntime:
         kwargs: dict[str, Any] = {
             "name": name,
             "detach": True,
-            "environment": dict(plan.env),
+            # SPARKCTL_PORT: what the image's HEALTHCHECK probes (docker/Dockerfile).
+            "environment": {**plan.env, "SPARKCTL_PORT": str(plan.port)},
             "labels": labels,
             "mounts": mounts,
             "ulimits": [Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in spec.ulimits.items()],
             # No auto-remove: the log of a container that died during start-up is what explains it.
             "auto_remove": False,
+            # An init as PID 1 forwards SIGTERM to the engine and reaps its workers; a bare Python as
+            # PID 1 ignores SIGTERM, so every `down` would wait out the timeout and end in SIGKILL.
+            "init": True,
         }
         if spec.network_host:
             kwargs["network_mode"] = "host"
@@ -304,6 +308,15 @@ class DockerRuntime:
             kwargs["shm_size"] = spec.shm_size
         if spec.gpus:
             kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        # Newer ContainerSpec fields, read with getattr so older plans keep working.
+        devices = tuple(getattr(spec, "devices", ()) or ())
+        if devices:
+            kwargs["devices"] = [d if ":" in d else f"{d}:{d}:rwm" for d in devices]
+        memory_limit = getattr(spec, "memory_limit", None)
+        if memory_limit:
+            # Same cap for memory+swap: a runaway load becomes a container OOM, not a host-wide one.
+            kwargs["mem_limit"] = memory_limit
+            kwargs["memswap_limit"] = memory_limit
         return kwargs
 
     def _clear_name(self, name: str, recipe: str) -> None:
