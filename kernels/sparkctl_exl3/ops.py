@@ -91,7 +91,13 @@ def _kernel_takes(
     if supports is not None:
         return bool(supports(x, trellis, suh, svh, codebook_id))
     rows = x.numel() // max(1, x.shape[-1])
-    return x.dtype == torch.float16 and 1 <= rows <= GEMV_MAX_ROWS
+    half_rate = trellis.dim() == 3 and trellis.shape[-1] % 16 == 8
+    return (
+        1 <= rows <= GEMV_MAX_ROWS
+        and x.dtype == suh.dtype == svh.dtype == torch.float16
+        and trellis.is_contiguous()
+        and (not half_rate or trellis.shape[-1] <= 16 * 3 + 8)  # half rates compiled: 1.5, 2.5, 3.5
+    )
 
 
 # ------------------------------------------------------------------------------------------------
