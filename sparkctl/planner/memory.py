@@ -162,7 +162,9 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
         kv = need_tokens * per_token
         budget = weights + kv + overhead
         if per_token:
-            notes.append(f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by llama-server")
+            notes.append(
+                f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by llama-server"
+            )
     elif serve.kv_cache_memory_bytes is not None:
         kv = serve.kv_cache_memory_bytes
         budget = weights + kv + overhead

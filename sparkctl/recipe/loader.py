@@ -233,17 +233,27 @@ def validate_data(data: dict[str, Any], positions: dict[Path_, Origin], source: 
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        lines = [_format_error(err, positions, source) for err in exc.errors()]
+        located = [_format_error(err, positions, source) for err in exc.errors()]
+        located.sort(key=lambda item: item[0])
+        lines = [text for _, text in located]
         first, rest = lines[0], lines[1:]
         message = first if not rest else first + "".join(f"\n  {line}" for line in rest)
         raise UserError(message, hint="`sparkctl schema` prints every field with its description") from None
 
 
-def _format_error(err: Any, positions: dict[Path_, Origin], source: str) -> str:
+def _format_error(
+    err: Any, positions: dict[Path_, Origin], source: str
+) -> tuple[tuple[int, str, int, int], str]:
+    """One pydantic error -> (sort key: file positions first, in text order; then --set) and its line."""
     loc: Path_ = tuple(err.get("loc", ()))
+    origin = _closest_origin(loc, positions) or Origin(source)
+    key = (0 if origin.line else 1, origin.source, origin.line, origin.column)
+    return key, _error_text(err, loc, origin)
+
+
+def _error_text(err: Any, loc: Path_, origin: Origin) -> str:
     dotted = ".".join(str(p) for p in loc) or "(recipe)"
     kind = err.get("type", "")
-    origin = _closest_origin(loc, positions) or Origin(source)
     if kind == "extra_forbidden":
         key = str(loc[-1]) if loc else "?"
         known = _known_keys(loc[:-1])

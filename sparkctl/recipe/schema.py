@@ -621,3 +621,20 @@ class Recipe(Strict):
             else:
                 out[key] = str(value)
         return out
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """JSON Schema of a recipe file, with every field's description (for editors and docs)."""
+    schema = Recipe.model_json_schema(by_alias=True, mode="validation")
+    # `extends` is resolved by the loader before validation, so the model does not carry it
+    schema["properties"]["extends"] = {
+        "type": "string",
+        "description": "Built-in recipe name or a path relative to this file; its fields are deep-merged under "
+        "this recipe's (mappings merge, other values replace).",
+    }
+    schema["required"] = [k for k in schema.get("required", []) if k != "name"]
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://sparkctl.dev/schema/recipe-1.json",
+        **schema,
+    }
