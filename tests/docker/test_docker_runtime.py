@@ -246,3 +246,56 @@ def test_plan_without_container_settings_is_a_user_error(runtime, tmp_path) -> N
     plan = dataclasses.replace(make_plan("c2-none", ["true"], port=free_port()), container=None)
     with pytest.raises(UserError, match="has no container settings"):
         runtime.start(plan, Path(tmp_path) / "l")
+
+
+def _fake_hf_snapshot(root: Path) -> Path:
+    """The Hugging Face cache layout: snapshot files are relative links into ../../blobs."""
+    repo = root / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0123abcd").write_text('{"model_type": "llama"}')
+    snap = repo / "snapshots" / "rev1"
+    (snap / "sub").mkdir(parents=True)
+    (snap / "config.json").symlink_to("../../blobs/0123abcd")
+    (snap / "sub" / "nested.json").symlink_to("../../../blobs/0123abcd")
+    return snap
+
+
+def test_hf_snapshot_links_resolve_inside_the_container(runtime, tmp_path) -> None:
+    snap = _fake_hf_snapshot(tmp_path / "hf")
+    script = "print(open('/models/tiny/config.json').read(), open('/models/tiny/sub/nested.json').read())"
+    plan = make_plan(
+        "c2-hf",
+        [host_python(), "-c", script],
+        port=free_port(),
+        mounts=(Mount(str(snap), "/models/tiny", True),),
+    )
+    state = runtime.start(plan, tmp_path / "l")
+    try:
+        wait_for(lambda: not runtime.is_running(state), what="the reader to finish")
+        logs = list(runtime.logs(state))
+        assert runtime.exit_detail(state) == "container exited with code 0", logs
+        assert logs == ['{"model_type": "llama"} {"model_type": "llama"}']
+    finally:
+        runtime.stop(state)
+
+
+def test_link_target_mounts_only_when_needed(tmp_path) -> None:
+    from sparkctl.runtimes.docker import link_target_mounts
+
+    snap = _fake_hf_snapshot(tmp_path / "hf")
+    blobs = str(snap.parent.parent / "blobs")
+    assert link_target_mounts([(snap, "/models/tiny")]) == [(blobs, "/blobs")]
+    # the whole cache mounted elsewhere, snapshot addressed through it: links already resolve
+    assert link_target_mounts([(tmp_path / "hf", "/root/.cache/huggingface")]) == []
+    # absolute links get their directory mounted at the same path
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "other").write_text("x")
+    (snap / "other.json").symlink_to(tmp_path / "elsewhere" / "other")
+    elsewhere = str(tmp_path / "elsewhere")
+    assert sorted(link_target_mounts([(snap, "/models/tiny")])) == sorted(
+        [(blobs, "/blobs"), (elsewhere, elsewhere)]
+    )
+    # two snapshots whose links meet at the same container path from different blob stores: refused
+    other = _fake_hf_snapshot(tmp_path / "hf2")
+    with pytest.raises(RuntimeFailure, match="would not resolve inside the container"):
+        link_target_mounts([(snap, "/models/tiny"), (other, "/models/other")])
