@@ -1,0 +1,1 @@
+"""Talking to a running OpenAI-compatible server: health gating, the smoke chat, streamed chat."""

@@ -1,0 +1,114 @@
+"""Turn a failed start-up's log into a hint: the few causes that account for most failed launches.
+
+Patterns are matched against the whole log, most specific first, and every distinct cause found is
+reported; a server that ran out of memory *because* the KV cache was too big should say both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    pattern: re.Pattern[str]
+    hint: str
+
+
+def _c(name: str, pattern: str, hint: str) -> Cause:
+    return Cause(name, re.compile(pattern, re.IGNORECASE), hint)
+
+
+CAUSES: tuple[Cause, ...] = (
+    _c(
+        "port in use",
+        r"address already in use|errno 98\b",
+        "another process holds the port: stop it, or pick another with --port",
+    ),
+    _c(
+        "cuda out of memory",
+        r"CUDA out of memory|torch\.OutOfMemoryError|cudaErrorMemoryAllocation",
+        "the GPU ran out of memory: lower serve.gpu_memory_utilization or serve.max_model_len, "
+        "or stop other GPU users",
+    ),
+    _c(
+        "kv cache",
+        r"No available memory for the cache blocks|is larger than the maximum number of tokens that can be "
+        r"stored in KV cache|KV cache is needed, which is larger than the available KV cache memory|"
+        r"VLLM_CPU_KVCACHE_SPACE",
+        "the KV cache does not fit: lower serve.max_model_len, or give it more memory "
+        "(serve.gpu_memory_utilization; on the CPU the VLLM_CPU_KVCACHE_SPACE env, in GiB)",
+    ),
+    _c(
+        "host out of memory",
+        r"\bout of memory\b|Cannot allocate memory|MemoryError|oom-kill|OOMKilled",
+        "the host ran out of memory while loading: close other programs, pre-warm less (load.prewarm: never), "
+        "or choose a smaller model / context",
+    ),
+    _c(
+        "unsupported head_dim",
+        r"head[ _]?(?:dim|size)\W.*(?:not supported|unsupported)|(?:unsupported|not supported).*head[ _]?(?:dim|size)",
+        "this attention backend does not support the model's head_dim (vLLM on the CPU needs 64, 80, 96, "
+        "112, 128, 192 or 256)",
+    ),
+    _c(
+        "no gpu",
+        r"No CUDA GPUs are available|Found no NVIDIA driver|CUDA driver version is insufficient|"
+        r"libcuda\.so|cudaErrorNoDevice|NVIDIA-SMI has failed",
+        "no usable NVIDIA GPU for this process: run `sparkctl doctor`; in Docker the NVIDIA container "
+        "runtime must be installed",
+    ),
+    _c(
+        "wrong gpu architecture",
+        r"no kernel image is available for execution on the device|cudaErrorNoKernelImageForDevice",
+        "the engine was not compiled for this GPU (sm_121 on a Spark): use the sparkctl image built from docker/",
+    ),
+    _c(
+        "cuda error",
+        r"CUDA error|cudaError\w*|CUBLAS_STATUS_\w+|NCCL error",
+        "a CUDA error stopped the engine: see the lines above; `sparkctl doctor` checks driver and runtime",
+    ),
+    _c(
+        "gated model",
+        r"GatedRepoError|Access to model .* is restricted|401 Client Error",
+        "the model is gated: accept its licence on the hub and set HF_TOKEN",
+    ),
+    _c(
+        "engine not installed",
+        r"No module named '?vllm'?(?!\.)|No module named vllm\b",
+        "vLLM is not installed in this Python: make install-vllm (CPU) or use the docker runtime",
+    ),
+    _c(
+        "unknown quantization",
+        r"Unknown quantization method|quantization method .* is not supported|exl3.* not (?:found|registered)",
+        "the engine lacks this quantization: EXL3 needs the sparkctl_exl3 vLLM plugin (pip install -e . "
+        "in the engine's environment)",
+    ),
+    _c(
+        "context too long",
+        r"max_model_len.*(?:greater|larger) than|User-specified max_model_len",
+        "serve.max_model_len exceeds what the model supports: lower it",
+    ),
+    _c(
+        "remote code",
+        r"trust_remote_code|requires you to execute the configuration file",
+        "the model needs its own Python code: set serve.trust_remote_code: true if you trust the repo",
+    ),
+)
+
+
+def diagnose(lines: Iterable[str]) -> list[Cause]:
+    """Distinct causes whose pattern occurs in `lines`, in CAUSES order (most specific first)."""
+    text = "\n".join(lines)
+    return [cause for cause in CAUSES if cause.pattern.search(text)]
+
+
+def hint_for(lines: Iterable[str], *, fallback: str) -> str:
+    """One hint line: the causes found, or `fallback` when nothing matched."""
+    found = diagnose(lines)
+    if not found:
+        return fallback
+    return "; ".join(f"{c.name}: {c.hint}" for c in found[:2])

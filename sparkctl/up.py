@@ -1,0 +1,423 @@
+"""`sparkctl up`: from a recipe name to a healthy, smoke-tested OpenAI endpoint, one visible stage at a time.
+
+validate -> plan -> (dry run stops here) -> already up? -> port free? -> doctor -> image -> fetch ->
+memory plan -> prewarm -> launch -> health -> smoke -> summary.
+
+Cheap checks come before expensive ones: a missing image or a taken port is reported before a model
+download or a pre-warm of tens of GB. Once something is launched its state file is written at once,
+and any failure after that (a health timeout, an early exit, Ctrl-C, SIGTERM) stops it and removes
+the state file again, so a failed `up` leaves nothing behind.
+
+This module returns records and reports progress through a `Reporter`; it never prints, so the
+command can render for a terminal, for CI logs or as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkctl import paths
+from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.planner.types import Plan
+from sparkctl.runtimes import state as state_files
+from sparkctl.runtimes.base import Runtime, ServerState
+from sparkctl.server.health import Tick, smoke_test, wait_healthy
+
+RUNTIMES = ("native", "docker")
+
+
+def get_runtime(name: str) -> Runtime:
+    """The runtime object for a plan's or a state file's `runtime` name."""
+    if name == "native":
+        from sparkctl.runtimes.native import NativeRuntime
+
+        return NativeRuntime()
+    if name == "docker":
+        from sparkctl.runtimes.docker import DockerRuntime
+
+        return DockerRuntime()
+    raise UserError(f"unknown runtime {name!r}", hint=f"valid: {', '.join(RUNTIMES)}")
+
+
+class Reporter:
+    """Progress sink for the pipeline; the default does nothing (library use, tests)."""
+
+    def step(self, name: str, detail: str, seconds: float | None = None) -> None:
+        """A stage finished."""
+
+    def warn(self, message: str) -> None:
+        """Something the user should know that does not stop `up`."""
+
+    @contextlib.contextmanager
+    def waiting(self, label: str) -> Iterator[Callable[[Tick], None]]:
+        """Context for the health wait; yields the callback that receives each poll's Tick."""
+        yield lambda tick: None
+
+
+@dataclass
+class UpOptions:
+    recipe: str
+    overrides: tuple[str, ...] = ()
+    port: int | None = None
+    runtime: str | None = None
+    offline: bool = False
+    dry_run: bool = False
+    force: bool = False  # go on when the memory plan says it does not fit
+    smoke: bool = True
+
+
+@dataclass
+class UpResult:
+    plan: Plan
+    state: ServerState | None = None  # None for a dry run
+    already_running: bool = False
+    dry_run: bool = False
+    model_path: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    seconds_to_healthy: float | None = None  # from the start of `up` to a healthy endpoint
+    smoke_reply: str | None = None
+    smoke_tokens: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "recipe": self.plan.recipe_name,
+            "runtime": self.plan.runtime,
+            "base_url": s.base_url if s else self.plan.base_url,
+            "openai_base_url": f"{s.base_url if s else self.plan.base_url}/v1",
+            "model": self.plan.served_model_name,
+            "port": self.plan.port,
+            "pid": s.pid if s else None,
+            "container": s.container_name if s else None,
+            "log_path": s.log_path if s else None,
+            "already_running": self.already_running,
+            "dry_run": self.dry_run,
+            "model_path": str(self.model_path) if self.model_path else None,
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+            "seconds_to_healthy": None
+            if self.seconds_to_healthy is None
+            else round(self.seconds_to_healthy, 2),
+            "smoke_reply": self.smoke_reply,
+            "smoke_tokens": self.smoke_tokens,
+            "notes": self.notes,
+        }
+
+
+def doctor_checks_for(plan: Plan) -> list[str]:
+    """Only the checks this launch depends on: a CPU-only native server needs no GPU or Docker."""
+    names = ["memory", "disk"]
+    if plan.runtime == "docker":
+        names += ["docker"]
+        if plan.container is not None and plan.container.gpus:
+            names += ["gpu", "driver", "nvidia-runtime"]
+    if plan.model.needs_token:
+        names.append("hf-token")
+    return names
+
+
+def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
+    rep = reporter or Reporter()
+    t_start = time.monotonic()
+    timings: dict[str, float] = {}
+
+    # validate + plan ------------------------------------------------------------------------------
+    t = time.monotonic()
+    recipe = _load(opts)
+    plan = _plan(recipe, None, opts)
+    timings["validate"] = time.monotonic() - t
+    rep.step(
+        "validate",
+        f"recipe {plan.recipe_name} ({plan.runtime}, {plan.engine}) -> {plan.base_url}",
+        timings["validate"],
+    )
+    for w in plan.warnings:
+        rep.warn(w)
+    if opts.dry_run:
+        return UpResult(plan=plan, dry_run=True, timings=timings)
+
+    runtime = get_runtime(plan.runtime)
+
+    # already up? port free? -------------------------------------------------------------------------
+    existing = _existing(plan, runtime, rep)
+    if existing is not None:
+        return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
+    _check_port(plan)
+
+    # doctor -------------------------------------------------------------------------------------------
+    t = time.monotonic()
+    detail = _doctor(plan, rep)
+    runtime.check()
+    timings["doctor"] = time.monotonic() - t
+    rep.step("doctor", detail, timings["doctor"])
+
+    # image (before any download: a missing image should cost seconds, not a 90 GB fetch) -----------
+    if plan.runtime == "docker":
+        t = time.monotonic()
+        from sparkctl.runtimes.docker import ensure_plan_image
+
+        image_id = ensure_plan_image(plan)
+        timings["image"] = time.monotonic() - t
+        image = plan.container.image if plan.container else "?"
+        rep.step("image", f"{image} ({image_id[:19]})", timings["image"])
+
+    # fetch + memory plan ------------------------------------------------------------------------------
+    from sparkctl.models.fetch import resolve_model, weight_files
+
+    t = time.monotonic()
+    model_path = resolve_model(plan.model, offline=opts.offline)
+    files = weight_files(model_path)
+    size = sum(f.stat().st_size for f in files)
+    timings["fetch"] = time.monotonic() - t
+    rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])
+
+    plan = _plan(recipe, model_path, opts)
+    if plan.memory is not None:
+        m = plan.memory
+        verdict = "fits" if m.fits else "DOES NOT FIT (--force)"
+        rep.step(
+            "memory",
+            f"weights {_gib(m.weights_bytes)} + kv {_gib(m.kv_cache_bytes)} + overhead "
+            f"{_gib(m.runtime_overhead_bytes)} of {_gib(m.budget_bytes)} budget: {verdict}",
+        )
+
+    # prewarm ------------------------------------------------------------------------------------------
+    log_path = _fresh_log(plan.recipe_name)
+    t = time.monotonic()
+    steward = _prewarm(plan, files, rep)
+    timings["prewarm"] = time.monotonic() - t
+
+    # launch -> health -> smoke: from here on, any failure stops what was started --------------------
+    t_launch = time.monotonic()
+    server: ServerState | None = None
+    try:
+        server = runtime.start(plan, log_path)
+        state_files.save(server)
+        timings["launch"] = time.monotonic() - t_launch
+        rep.step("launch", _where(server), timings["launch"])
+
+        t = time.monotonic()
+        with rep.waiting(plan.recipe_name) as on_tick:
+            wait_healthy(
+                plan.base_url,
+                plan.served_model_name,
+                label=plan.recipe_name,
+                timeout_s=plan.health_timeout_s,
+                exit_detail=lambda: _exit_detail(runtime, server),
+                last_lines=lambda n: _last_lines(runtime, server, n),
+                on_tick=on_tick,
+            )
+        timings["health"] = time.monotonic() - t
+        seconds_to_healthy = time.monotonic() - t_start
+        rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", timings["health"])
+
+        if steward is not None:
+            steward = _stop_steward(steward, rep)
+
+        result = UpResult(
+            plan=plan,
+            state=server,
+            model_path=model_path,
+            timings=timings,
+            seconds_to_healthy=seconds_to_healthy,
+        )
+        if opts.smoke:
+            t = time.monotonic()
+            reply = smoke_test(plan.base_url, plan.served_model_name)
+            timings["smoke"] = time.monotonic() - t
+            result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
+            rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
+        return result
+    except BaseException:
+        if steward is not None:
+            with contextlib.suppress(Exception):
+                steward.stop(verify=False)
+        if server is not None:
+            _cleanup(runtime, server)
+        raise
+
+
+# -- stages ------------------------------------------------------------------------------------------
+
+
+def _load(opts: UpOptions) -> Any:
+    from sparkctl.recipe import load_recipe
+
+    overrides = list(opts.overrides)
+    if opts.runtime is not None:
+        if opts.runtime not in RUNTIMES:
+            raise UserError(f"unknown runtime {opts.runtime!r}", hint=f"valid: {', '.join(RUNTIMES)}")
+        overrides.append(f"runtime={opts.runtime}")
+    if opts.port is not None:
+        if opts.port == 0:
+            from sparkctl.server.ports import free_port
+
+            overrides.append(f"serve.port={free_port()}")
+        else:
+            overrides.append(f"serve.port={opts.port}")
+    return load_recipe(opts.recipe, overrides)
+
+
+def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
+    from sparkctl.planner import plan
+
+    return plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+
+
+def _existing(plan: Plan, runtime: Runtime, rep: Reporter) -> ServerState | None:
+    """The same recipe already up and healthy -> its state; running but sick -> error; stale -> cleaned."""
+    from sparkctl.server.client import probe_health
+
+    old = state_files.load(plan.recipe_name)
+    if old is None:
+        return None
+    old_runtime = runtime if old.runtime == runtime.name else get_runtime(old.runtime)
+    if old_runtime.is_running(old):
+        if probe_health(old.base_url):
+            if old.recipe_hash != plan.recipe_hash:
+                rep.warn(
+                    f"{plan.recipe_name} is running with an older version of its recipe; "
+                    f"`sparkctl down {plan.recipe_name}` and `up` again to apply the change"
+                )
+            return old
+        raise RuntimeFailure(
+            f"{plan.recipe_name} is already running ({_where(old)}) but {old.base_url}/health does not answer",
+            hint=f"it may still be loading: sparkctl logs -f {plan.recipe_name}; or stop it: sparkctl down {plan.recipe_name}",
+        )
+    old_runtime.stop(old)  # leftovers of a server that died on its own
+    state_files.remove(plan.recipe_name)
+    rep.warn(f"{plan.recipe_name} had a state file but was not running (cleaned up)")
+    return None
+
+
+def _check_port(plan: Plan) -> None:
+    from sparkctl.server.ports import listener, port_is_free
+
+    for other in state_files.load_all():
+        if other.recipe == plan.recipe_name or other.port != plan.port:
+            continue
+        try:
+            running = get_runtime(other.runtime).is_running(other)
+        except Exception:  # e.g. its Docker daemon is down: then it does not hold the port either
+            running = False
+        if running:
+            raise UserError(
+                f"port {plan.port} is taken by recipe {other.recipe} ({_where(other)})",
+                hint=f"stop it (sparkctl down {other.recipe}) or pick another port: --port N",
+            )
+    if not port_is_free(plan.host, plan.port):
+        owner = listener(plan.port) or "another process"
+        raise UserError(
+            f"port {plan.port} on {plan.host} is already in use by {owner}",
+            hint="stop that server, or pick another port: --port N (or --port 0 for any free one)",
+        )
+
+
+def _doctor(plan: Plan, rep: Reporter) -> str:
+    """Run the doctor checks this launch needs; a `fail` stops `up` with that check's hint."""
+    try:
+        from sparkctl.doctor import run_checks
+    except ImportError:
+        rep.warn("doctor checks skipped: sparkctl.doctor is not available in this install")
+        return "skipped"
+    only = doctor_checks_for(plan)
+    checks = run_checks(plan, only=only)
+    for c in checks:
+        if c.status == "fail":
+            raise RuntimeFailure(f"doctor: {c.name}: {c.detail}", hint=c.hint)
+        if c.status == "warn":
+            rep.warn(f"doctor: {c.name}: {c.detail}" + (f" ({c.hint})" if c.hint else ""))
+    return ", ".join(f"{c.name} {c.status}" for c in checks) or "no checks needed"
+
+
+def _prewarm(plan: Plan, files: list[Path], rep: Reporter) -> Any:
+    """Warm per `plan.load`; return a started EvictionSteward when the load should be watched."""
+    if plan.load.prewarm == "never" and not plan.load.evict_after_load:
+        rep.step("prewarm", "skipped (load.prewarm: never)")
+        return None
+    try:
+        import prewarm
+    except ImportError:
+        rep.warn("pre-warm skipped: the prewarm package is not available in this install")
+        return None
+    need = sum(f.stat().st_size for f in files) - sum(prewarm.resident_bytes(f) for f in files)
+    decision = prewarm.decide(
+        plan.load.prewarm,
+        fit=prewarm.fit_check(max(0, need)),
+        unified=prewarm.is_unified_memory(),
+        evict_after_load=plan.load.evict_after_load,
+    )
+    if decision.warm:
+        report = prewarm.warm(files, workers=plan.load.workers)
+        rep.step(
+            "prewarm",
+            f"{_gib(report.bytes_read)} in {report.seconds:.1f}s ({report.gib_per_s:.2f} GiB/s, "
+            f"{plan.load.workers} workers), {100 * report.residency_after:.0f}% cached",
+        )
+        for w in report.warnings:
+            rep.warn(f"prewarm: {w}")
+    else:
+        rep.step("prewarm", f"skipped: {decision.reason}")
+    if decision.evict_during_load:
+        return prewarm.EvictionSteward(files).start()
+    return None
+
+
+def _stop_steward(steward: Any, rep: Reporter) -> None:
+    report = steward.stop()
+    if report is not None:
+        rep.step(
+            "evict",
+            f"shards dropped from the page cache after load ({100 * report.residency_after:.0f}% still cached, "
+            f"{steward.passes} passes while loading)",
+        )
+    return None
+
+
+def _fresh_log(recipe: str) -> Path:
+    """This launch's log file; the previous launch's is kept as `.1` for comparison."""
+    log_dir = paths.logs_dir()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / f"{Path(state_files.state_path(recipe)).stem}.log"
+    if path.exists():
+        os.replace(path, path.with_name(path.name + ".1"))
+    return path
+
+
+def _exit_detail(runtime: Runtime, server: ServerState) -> str | None:
+    fn = getattr(runtime, "exit_detail", None)
+    if fn is not None:
+        return fn(server)
+    return None if runtime.is_running(server) else "the server stopped"
+
+
+def _last_lines(runtime: Runtime, server: ServerState, n: int) -> list[str]:
+    try:
+        return list(runtime.logs(server, tail=n))
+    except Exception:  # a log read must never mask the real failure being reported
+        return []
+
+
+def _cleanup(runtime: Runtime, server: ServerState) -> None:
+    """Stop and forget a server whose `up` failed; errors here must not hide the original one."""
+    with contextlib.suppress(Exception):
+        runtime.stop(server, timeout_s=15.0)
+    state_files.remove(server.recipe)
+
+
+def _where(s: ServerState) -> str:
+    if s.container_name or s.container_id:
+        return f"container {s.container_name or s.container_id[:12]}"
+    return f"pid {s.pid}" if s.pid else s.runtime
+
+
+def _gib(n: int) -> str:
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 30):.2f} GiB"
