@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "down": "sparkctl.commands.lifecycle:down_cmd",
     "status": "sparkctl.commands.lifecycle:status_cmd",
     "logs": "sparkctl.commands.lifecycle:logs_cmd",
+    "chat": "sparkctl.commands.lifecycle:chat_cmd",
 }
 
 
