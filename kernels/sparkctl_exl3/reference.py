@@ -390,6 +390,15 @@ def hadamard_128(
     return _hadamard_on(torch.device(device if device is not None else "cpu"), dtype)
 
 
+def _had_first(w: torch.Tensor) -> torch.Tensor:
+    """Multiply a 2-D matrix by blockdiag(H128) from the left: each 128-row block of w becomes H128 . block.
+
+    Written as a batched product on a view (no transposed copies), which is ~100x faster on a busy 2-core CPU.
+    """
+    h = hadamard_128(w.device, w.dtype)
+    return (h @ w.reshape(w.shape[0] // HAD_BLOCK, HAD_BLOCK, w.shape[1])).reshape(w.shape)
+
+
 def _had_last(x: torch.Tensor) -> torch.Tensor:
     """Multiply every 128-chunk of the last dim by H128 (block-diagonal Hadamard from the right)."""
     n = x.shape[-1]
@@ -432,7 +441,7 @@ def weight(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook
     """
     check_layer(trellis, suh, svh, codebook)
     w = w_hat(trellis, codebook).float()
-    w = _had_last(w.t()).t()  # Hk . W_hat  (H symmetric: Hk . A = (A^T . Hk)^T)
+    w = _had_first(w)  # Hk . W_hat
     w = _had_last(w)  # . Hn
     w = w * suh.float()[:, None] * svh.float()[None, :]
     return w.to(torch.float16)
