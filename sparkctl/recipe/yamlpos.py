@@ -39,8 +39,10 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[Path_, Origin]]:
     """
     import yaml
 
+    # libyaml's composer when present (30x faster; `list` parses every built-in recipe)
+    composer = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=composer)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
