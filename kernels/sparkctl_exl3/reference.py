@@ -62,7 +62,7 @@ _INT_RATES = range(1, 9)
 _HALF_RATES = range(1, 8)
 
 # Bound on the number of 16-bit states decoded at once, so a 4096x14336 layer does not need gigabytes of
-# int64 temporaries (the loop runs over blocks of tile rows, never over individual weights).
+# int32 temporaries (the loop runs over blocks of tile rows, never over individual weights).
 _STATES_PER_CHUNK = 1 << 22
 
 
@@ -355,7 +355,7 @@ def w_hat(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
         block = trellis[k0 : k0 + rows_per_chunk]
         # States gathered straight into row-major tile order, then looked up in the codebook table.
         states = _states_from_chunks(block, bits, order)
-        values = table[states.long()].view(block.shape[0], tiles_n, TILE, TILE)
+        values = table.index_select(0, states.flatten()).view(block.shape[0], tiles_n, TILE, TILE)
         out[k0 : k0 + rows_per_chunk] = values.permute(0, 2, 1, 3)
     return out.view(tiles_k * TILE, tiles_n * TILE)
 
