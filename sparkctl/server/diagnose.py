@@ -44,7 +44,7 @@ CAUSES: tuple[Cause, ...] = (
     ),
     _c(
         "host out of memory",
-        r"\bout of memory\b|Cannot allocate memory|MemoryError|oom-kill|OOMKilled",
+        r"(?<!CUDA )\bout of memory\b|Cannot allocate memory|MemoryError|oom-kill|OOMKilled",
         "the host ran out of memory while loading: close other programs, pre-warm less (load.prewarm: never), "
         "or choose a smaller model / context",
     ),

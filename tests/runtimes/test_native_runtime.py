@@ -66,15 +66,19 @@ def test_start_stop_kills_the_whole_process_group(make_plan, tmp_path):
         assert os.getpgid(state.pid) != os.getpgid(0)  # ... which is not ours (Ctrl-C does not reach it)
         assert rt.is_running(state)
         assert "env from-plan" in tail_lines(log, 10)
-        assert rt.memory_bytes(state) > 1_000_000  # two python processes
+        stats = rt.stats(state)
+        assert stats["processes"] == 2
+        assert stats["memory_bytes"] > 1_000_000  # two python interpreters
         assert rt.exit_code(state) is None
+        assert rt.exit_detail(state) is None
     finally:
         rt.stop(state, timeout_s=10)
     assert not rt.is_running(state)
     assert not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
     assert rt.exit_code(state) == -signal.SIGTERM
+    assert rt.exit_detail(state) == "process was killed by SIGTERM"
     rt.stop(state)  # idempotent: stopping a gone server is not an error
-    assert rt.memory_bytes(state) is None
+    assert rt.stats(state) is None
 
 
 def test_log_starts_with_the_command_line(make_plan, tmp_path):
@@ -100,6 +104,7 @@ def test_sigterm_ignored_escalates_to_sigkill(make_plan, tmp_path):
     elapsed = time.monotonic() - t0
     assert not rt.is_running(state)
     assert rt.exit_code(state) == -signal.SIGKILL
+    assert "SIGKILL" in rt.exit_detail(state)
     assert 0.9 <= elapsed < 10
 
 
@@ -108,7 +113,9 @@ def test_early_exit_reports_exit_code(make_plan, tmp_path):
     state = rt.start(make_plan("import sys; print('boom', flush=True); sys.exit(3)"), tmp_path / "t.log")
     _wait_for(lambda: rt.exit_code(state) is not None)
     assert rt.exit_code(state) == 3
+    assert rt.exit_detail(state) == "process exited with code 3"
     assert not rt.is_running(state)
+    assert NativeRuntime().exit_detail(state) == "the server process is gone"  # not our child: no code
 
 
 def test_reused_pid_is_not_ours(make_plan, tmp_path):
@@ -124,7 +131,7 @@ def test_reused_pid_is_not_ours(make_plan, tmp_path):
         forged.extra = {**state.extra, "pgid": str(bystander.pid)}  # the start time stays the server's
         time.sleep(0.1)
         assert not rt.is_running(forged)
-        assert rt.memory_bytes(forged) is None
+        assert rt.stats(forged) is None
         rt.stop(forged, timeout_s=1)
         assert bystander.poll() is None  # untouched
     finally:

@@ -1,0 +1,231 @@
+"""`sparkctl up` failure paths through the real CLI, with real engine processes that fail on purpose.
+
+The engine here is a small python program given as the recipe's `engine.entrypoint` (the pipeline is
+engine-agnostic): it crashes, hangs, or ignores the port, so each test runs in a second or two while
+exercising exactly the code a failing vLLM would. The happy path with the real vLLM is in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparkctl.server.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _recipe(tmp_path: Path, name: str, engine_code: str, *, health_timeout: float = 20) -> Path:
+    """A recipe that extends the built-in `tiny` but runs `python -c engine_code` as its engine."""
+    entry = json.dumps([sys.executable, "-c", textwrap.dedent(engine_code)])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"schema: 1\nextends: {REPO / 'recipes' / 'tiny.yaml'}\nname: {name}\n"
+        f"engine:\n  entrypoint: {entry}\nserve:\n  health_timeout_s: {health_timeout}\n"
+    )
+    return path
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
+        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _sparkctl(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkctl", *args],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def _nothing_left(tmp_path: Path, marker: str) -> None:
+    """No state file and no process whose command line carries this test's marker."""
+    servers = tmp_path / "state" / "servers"
+    assert not servers.exists() or list(servers.iterdir()) == []
+    leftovers = []
+    for p in psutil.process_iter(["cmdline"]):
+        with pytest.MonkeyPatch.context():
+            if marker in " ".join(p.info["cmdline"] or []):
+                leftovers.append(p.pid)
+    assert leftovers == []
+
+
+def test_engine_exiting_early_is_reported_at_once_with_its_log_and_a_hint(tmp_path):
+    marker = f"early-exit-{os.getpid()}"
+    code = f"""
+        import sys  # {marker}
+        print("loading model weights", flush=True)
+        print("OSError: [Errno 98] Address already in use", flush=True)
+        sys.exit(3)
+    """
+    recipe = _recipe(tmp_path, "crash", code, health_timeout=100)
+    t0 = time.monotonic()
+    res = _sparkctl(tmp_path, "up", str(recipe), "--port", str(free_port()))
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - t0 < 30  # noticed on exit, not at the 100 s timeout
+    assert "error: crash stopped during start-up" in res.stderr
+    assert "process exited with code 3" in res.stderr
+    assert "loading model weights" in res.stderr  # the log tail is shown
+    assert "hint: port in use" in res.stderr
+    assert "Traceback" not in res.stderr
+    _nothing_left(tmp_path, marker)
+    # The log survives the failed start for post-mortems.
+    logs = _sparkctl(tmp_path, "logs", "crash")
+    assert logs.returncode == 0 and "Address already in use" in logs.stdout
+
+
+def test_health_timeout_stops_the_server_and_shows_the_last_lines(tmp_path):
+    marker = f"hang-{os.getpid()}"
+    code = f"""
+        import time  # {marker}
+        for i in range(60):
+            print("still loading", i, flush=True)
+        print("RuntimeError: CUDA error: no kernel image is available for execution on the device", flush=True)
+        time.sleep(600)
+    """
+    recipe = _recipe(tmp_path, "hang", code, health_timeout=3)
+    res = _sparkctl(tmp_path, "up", str(recipe), "--port", str(free_port()))
+    assert res.returncode == 1, res.stderr
+    assert "error: hang was not healthy within 3s: no answer on http://127.0.0.1:" in res.stderr
+    assert "last 50 log lines" in res.stderr
+    assert "still loading 59" in res.stderr and "still loading 5\n" not in res.stderr  # exactly the tail
+    assert "wrong gpu architecture" in res.stderr
+    _nothing_left(tmp_path, marker)
+
+
+def test_interrupt_during_startup_stops_what_was_started(tmp_path):
+    marker = f"interrupt-{os.getpid()}"
+    code = f"""
+        import time  # {marker}
+        print("starting", flush=True)
+        time.sleep(600)
+    """
+    recipe = _recipe(tmp_path, "slow", code, health_timeout=300)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    state_file = tmp_path / "state" / "servers" / "slow.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not state_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state_file.exists(), "up never launched the server"
+        pid = json.loads(state_file.read_text())["pid"]
+        assert psutil.pid_exists(pid)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: stopped what this `up` had started" in err
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    _nothing_left(tmp_path, marker)
+
+
+def test_sigterm_during_startup_cleans_up_too(tmp_path):
+    marker = f"sigterm-{os.getpid()}"
+    code = f"""
+        import time  # {marker}
+        time.sleep(600)
+    """
+    recipe = _recipe(tmp_path, "term", code, health_timeout=300)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    state_file = tmp_path / "state" / "servers" / "term.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not state_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state_file.exists()
+        proc.terminate()
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    _nothing_left(tmp_path, marker)
+
+
+def test_dry_run_prints_the_plan_and_does_nothing(tmp_path):
+    res = _sparkctl(tmp_path, "up", "tiny", "--dry-run", "--port", "18097")
+    assert res.returncode == 0, res.stderr
+    assert "-m vllm.entrypoints.openai.api_server" in res.stdout
+    assert "--port 18097" in res.stdout
+    assert "# dry run: nothing was started" in res.stdout
+    assert not (tmp_path / "state" / "servers").exists()
+    assert not (tmp_path / "cache" / "models").exists()  # not even the tiny model was generated
+    js = _sparkctl(tmp_path, "up", "tiny", "--dry-run", "--json")
+    assert json.loads(js.stdout)["plan"]["recipe_name"] == "tiny"
+
+
+def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
+    servers = tmp_path / "state" / "servers"
+    servers.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    state = {
+        "recipe": "ghost",
+        "runtime": "native",
+        "recipe_hash": "0" * 64,
+        "base_url": "http://127.0.0.1:1",
+        "port": 1,
+        "served_model_name": "ghost",
+        "started_at": time.time() - 30,
+        "pid": dead.pid,
+        "extra": {"create_time": "1.0", "pgid": str(dead.pid)},
+    }
+    (servers / "ghost.json").write_text(json.dumps(state))
+    st = _sparkctl(tmp_path, "status", "--json")
+    assert st.returncode == 0, st.stderr
+    rows = json.loads(st.stdout)
+    assert [(r["recipe"], r["health"], r["memory_bytes"]) for r in rows] == [("ghost", "stopped", None)]
+    table = _sparkctl(tmp_path, "status")
+    assert "ghost" in table.stdout and "stopped" in table.stdout
+    down = _sparkctl(tmp_path, "down", "ghost")
+    assert down.returncode == 0 and "stopped ghost" in down.stdout
+    assert list(servers.iterdir()) == []
+    again = _sparkctl(tmp_path, "down", "--all")
+    assert again.returncode == 0 and "no sparkctl servers are running" in again.stdout
+
+
+def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
+    for args, text in [
+        (("down",), "name the recipe to stop"),
+        (("logs", "never-ran"), "no logs for never-ran"),
+        (("up", "no-such-recipe"), "no-such-recipe"),
+        (("chat", "tiny"), "tiny is not running"),
+        (("up", "tiny", "--runtime", "podman"), "podman"),
+    ]:
+        res = _sparkctl(tmp_path, *args)
+        assert res.returncode == 2, (args, res.stderr)
+        assert text in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr
