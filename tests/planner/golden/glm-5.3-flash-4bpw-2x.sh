@@ -1,0 +1,51 @@
+# sparkctl plan for glm-5.3-flash-4bpw-2x (vllm, docker); serves http://127.0.0.1:8000/v1
+docker run --rm \
+  --name sparkctl-glm-5.3-flash-4bpw-2x \
+  --gpus all \
+  --network host \
+  --ipc host \
+  --shm-size 16g \
+  --ulimit memlock=-1:-1 \
+  --ulimit stack=67108864:67108864 \
+  --device /dev/infiniband \
+  -v /home/user/.cache/huggingface:/root/.cache/huggingface \
+  -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
+  -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
+  -e RAY_memory_monitor_refresh_ms=0 \
+  -e NCCL_IB_DISABLE=0 \
+  -e NCCL_IGNORE_CPU_AFFINITY=1 \
+  -e NCCL_NET_GDR_LEVEL=0 \
+  -e NCCL_SOCKET_IFNAME=enp1s0f1np1 \
+  -e GLOO_SOCKET_IFNAME=enp1s0f1np1 \
+  -e TP_SOCKET_IFNAME=enp1s0f1np1 \
+  -e UCX_NET_DEVICES=enp1s0f1np1 \
+  -e OMPI_MCA_btl_tcp_if_include=enp1s0f1np1 \
+  -e NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1 \
+  -e NCCL_IB_GID_INDEX=3 \
+  -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  -e VLLM_NO_USAGE_STATS=1 \
+  -e DO_NOT_TRACK=1 \
+  --label sparkctl.recipe=glm-5.3-flash-4bpw-2x \
+  --label sparkctl.recipe-hash=698ea8c7bfe32927f70384fa5ae4be0696bbc1ffd50a6c0e2adeb3188ca87088 \
+  --entrypoint vllm \
+  sparkctl/vllm-exl3:0.33.0-sm121 \
+  serve Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw \
+  --revision main \
+  --served-model-name glm-5.3-flash-4bpw-2x \
+  --host 127.0.0.1 \
+  --port 8000 \
+  --tensor-parallel-size 2 \
+  --distributed-executor-backend ray \
+  --quantization exl3 \
+  --max-model-len 262144 \
+  --gpu-memory-utilization 0.83 \
+  --max-num-seqs 4 \
+  --max-num-batched-tokens 7168 \
+  --long-prefill-token-threshold 3584 \
+  --enable-prefix-caching \
+  --kv-cache-dtype fp8 \
+  --speculative-config '{"method":"mtp","num_speculative_tokens":2}' \
+  --cudagraph-capture-sizes 1 2 3 4 6 8 9 12 \
+  --tool-call-parser glm47 \
+  --enable-auto-tool-choice \
+  --reasoning-parser glm45

@@ -1,0 +1,41 @@
+# sparkctl plan for glm-5.3-flash (vllm, docker); serves http://127.0.0.1:8000/v1
+docker run --rm \
+  --name sparkctl-glm-5.3-flash \
+  --gpus all \
+  --network host \
+  --ipc host \
+  --shm-size 16g \
+  --ulimit memlock=-1:-1 \
+  --ulimit stack=67108864:67108864 \
+  -v /home/user/.cache/huggingface:/root/.cache/huggingface \
+  -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
+  -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
+  -e EXL3_FUSED_MOE=1 \
+  -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  -e VLLM_NO_USAGE_STATS=1 \
+  -e DO_NOT_TRACK=1 \
+  --label sparkctl.recipe=glm-5.3-flash \
+  --label sparkctl.recipe-hash=76953cf4a064bbf39c3c925942b8e2641ef1d37ff764d031a9cf6cead602cc57 \
+  --entrypoint vllm \
+  sparkctl/vllm-exl3:0.33.0-sm121 \
+  serve vcruz305/GLM-5.3-Flash-EXL3-K2 \
+  --revision main \
+  --served-model-name glm-5.3-flash \
+  --host 127.0.0.1 \
+  --port 8000 \
+  --quantization exl3 \
+  --max-model-len 65536 \
+  --gpu-memory-utilization 0.91 \
+  --max-num-seqs 1 \
+  --max-num-batched-tokens 2048 \
+  --long-prefill-token-threshold 1024 \
+  --enable-prefix-caching \
+  --kv-cache-dtype fp8 \
+  --speculative-config '{"method":"mtp","num_speculative_tokens":2}' \
+  --cudagraph-capture-sizes 1 2 3 4 5 6 8 12 \
+  --tool-call-parser glm47 \
+  --enable-auto-tool-choice \
+  --reasoning-parser glm45 \
+  --no-enable-flashinfer-autotune \
+  --skip-mm-profiling \
+  --limit-mm-per-prompt '{"image":4,"video":1}'

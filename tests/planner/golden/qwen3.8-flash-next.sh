@@ -1,0 +1,38 @@
+# sparkctl plan for qwen3.8-flash-next (vllm, docker); serves http://127.0.0.1:8000/v1
+docker run --rm \
+  --name sparkctl-qwen3.8-flash-next \
+  --gpus all \
+  --network host \
+  --ipc host \
+  --shm-size 16g \
+  --ulimit memlock=-1:-1 \
+  --ulimit stack=67108864:67108864 \
+  -v /home/user/.cache/huggingface:/root/.cache/huggingface \
+  -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
+  -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
+  -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  -e VLLM_EXL3_NGRAM_KERNEL=ext \
+  -e VLLM_EXL3_PREFILL_SYNC=256 \
+  -e VLLM_NO_USAGE_STATS=1 \
+  -e DO_NOT_TRACK=1 \
+  --label sparkctl.recipe=qwen3.8-flash-next \
+  --label sparkctl.recipe-hash=fe56825d1681fe386e34b69560cd60118f31a2217daf91ce618b3b5952888612 \
+  --entrypoint vllm \
+  sparkctl/vllm-exl3:0.33.0-sm121 \
+  serve turboderp/Qwen3.8-Flash-Next-exl3 \
+  --revision 3.05bpw_h5_ng5 \
+  --served-model-name qwen3.8-flash-next \
+  --host 127.0.0.1 \
+  --port 8000 \
+  --quantization exl3 \
+  --trust-remote-code \
+  --max-model-len 262144 \
+  --gpu-memory-utilization 0.8 \
+  --max-num-seqs 4 \
+  --enable-prefix-caching \
+  --speculative-config '{"method":"mtp","num_speculative_tokens":2}' \
+  --cudagraph-capture-sizes 1 2 3 4 6 8 9 12 \
+  --tool-call-parser qwen3_xml \
+  --enable-auto-tool-choice \
+  --reasoning-parser qwen3 \
+  --mamba-ssm-cache-dtype bfloat16

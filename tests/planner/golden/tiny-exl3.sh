@@ -1,0 +1,15 @@
+# sparkctl plan for tiny-exl3 (vllm, native); serves http://127.0.0.1:8010/v1
+VLLM_NO_USAGE_STATS=1 \
+DO_NOT_TRACK=1 \
+{python} \
+  -m vllm.entrypoints.openai.api_server \
+  --model /cache/sparkctl/models/tiny-exl3-dense \
+  --served-model-name tiny-exl3 \
+  --host 127.0.0.1 \
+  --port 8010 \
+  --quantization exl3 \
+  --dtype float32 \
+  --max-model-len 512 \
+  --kv-cache-memory-bytes 268435456 \
+  --max-num-seqs 4 \
+  --enforce-eager
