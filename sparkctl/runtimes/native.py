@@ -139,10 +139,26 @@ class NativeRuntime:
             Path(state.log_path), tail=tail, follow=follow, alive=lambda: self.is_running(state)
         )
 
-    # -- extras used by `status` ---------------------------------------------------------------------
+    # -- extras used by the health gate and `status` (same names as the docker runtime's) ------------
 
-    def memory_bytes(self, state: ServerState) -> int | None:
-        """Resident memory of the whole process tree (API server + engine core + workers)."""
+    def exit_detail(self, state: ServerState) -> str | None:
+        """Why the server is not running ("exited with code 1", "killed by SIGKILL"), None while it runs."""
+        if self.is_running(state):
+            return None
+        code = self.exit_code(state)
+        if code is None:
+            return "the server process is gone"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            why = " (the kernel's OOM killer sends this)" if code == -signal.SIGKILL else ""
+            return f"process was killed by {name}{why}"
+        return f"process exited with code {code}"
+
+    def stats(self, state: ServerState) -> dict[str, int] | None:
+        """Resident memory of the whole process tree (API server + engine core + workers), in bytes."""
         members = self._members(state)
         if not members:
             return None
@@ -150,7 +166,7 @@ class NativeRuntime:
         for p in members:
             with contextlib.suppress(psutil.Error):
                 total += p.memory_info().rss
-        return total
+        return {"memory_bytes": total, "processes": len(members)}
 
     # -- internals -----------------------------------------------------------------------------------
 
