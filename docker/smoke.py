@@ -1,0 +1,34 @@
+"""Build-time self-test of the serving image (run by docker/Dockerfile after installing sparkctl).
+
+Fails the build, with the reason, if vLLM would not load our plugin or the EXL3 kernels were not
+compiled into the image: catching that at build time beats finding it 12 minutes into a model load.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+EXPECTED_PLUGIN = "sparkctl_exl3.vllm_plugin:register"
+
+
+def main() -> int:
+    plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    if plugins.get("exl3") != EXPECTED_PLUGIN:
+        print(
+            f"smoke: vllm.general_plugins has no exl3 = {EXPECTED_PLUGIN} (found {plugins})", file=sys.stderr
+        )
+        return 1
+    import sparkctl_exl3.cuda as cuda
+    import sparkctl_exl3.vllm_plugin  # noqa: F401  (what vLLM imports in every process)
+
+    build = cuda.build_dir()
+    if not build.is_dir() or not any(build.glob("*.so")):
+        print(f"smoke: no compiled EXL3 extension in {build}", file=sys.stderr)
+        return 1
+    print(f"smoke: plugin {plugins['exl3']} and EXL3 kernels in {build}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
