@@ -487,7 +487,12 @@ def check_disk(disk: DiskFacts) -> Check:
     if disk.local:
         return Check("disk", "pass", f"model already on disk at {disk.local}; {free_s}")
     if free is None:
-        return Check("disk", "warn", f"cannot measure free space at {disk.path}")
+        return Check(
+            "disk",
+            "warn",
+            f"cannot measure free space at {disk.path}",
+            "check that the directory is on a mounted, readable filesystem",
+        )
     if disk.need_bytes is None:
         if disk.generated:
             ok = free >= GiB
