@@ -1,0 +1,73 @@
+"""One real `sparkctl up tiny` (vLLM on the CPU, native runtime) shared by the whole e2e session.
+
+Starting vLLM costs about a minute on 2 cores, so every native end-to-end test talks to this one
+server; the module that uses it stops it in its last test and checks nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sparkctl.server.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class TinyServer:
+    port: int
+    env: dict[str, str]
+    state_dir: Path
+    up: dict  # `sparkctl up --json` output
+    up_stderr: str
+    wall_s: float
+
+    def sparkctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sparkctl", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory) -> TinyServer:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed in this Python (make install-vllm)")
+    root = tmp_path_factory.mktemp("e2e-native")
+    env = {
+        **os.environ,
+        "SPARKCTL_STATE_DIR": str(root / "state"),
+        "SPARKCTL_CACHE_DIR": str(root / "cache"),
+    }
+    port = free_port()
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "sparkctl", "up", "tiny", "--port", str(port), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    wall = time.monotonic() - t0
+    server = TinyServer(port, env, root / "state", {}, res.stderr, wall)
+    try:
+        assert res.returncode == 0, f"sparkctl up tiny failed:\n{res.stderr}"
+        server.up = json.loads(res.stdout)
+        yield server
+    finally:
+        # Whatever the tests did, leave no server behind (down is idempotent).
+        server.sparkctl("down", "--all", timeout=120)
