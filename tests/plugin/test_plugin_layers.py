@@ -1,0 +1,434 @@
+"""vLLM's own layer classes with the exl3 plugin, on the CPU: registration, loading through vLLM's loaders
+(fused q/k/v and gate/up shards, tensor-parallel cuts, per-expert MoE tensors), forward equal to the
+reference decoder, and the errors a bad checkpoint gets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from sparkctl_exl3 import checkpoint, reference
+
+pytestmark = pytest.mark.vllm
+
+HIDDEN = 256
+
+
+def _layer(
+    i: int, o: int, bits: float, codebook: str, seed: int, bias: bool = False
+) -> dict[str, torch.Tensor]:
+    return checkpoint.random_exl3_layer(i, o, bits, codebook, torch.Generator().manual_seed(seed), bias=bias)
+
+
+def _ref(x: torch.Tensor, g: dict[str, torch.Tensor]) -> torch.Tensor:
+    y = reference.matmul(x, g["trellis"], g["suh"], g["svh"], reference.codebook_of(g))
+    return y + g["bias"].float() if "bias" in g else y
+
+
+def _config(packed: bool = True) -> object:
+    from sparkctl_exl3.vllm_plugin.config import EXL3Config
+
+    cfg = EXL3Config.from_config({"quant_method": "exl3", "bits": 4.0, "head_bits": 6, "codebook": "mul1"})
+    if packed:  # what LlamaForCausalLM puts there when vLLM builds the model
+        cfg.packed_modules_mapping = {
+            "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+            "gate_up_proj": ["gate_proj", "up_proj"],
+        }
+    return cfg
+
+
+def _load(module: torch.nn.Module, weights: dict[str, dict[str, torch.Tensor]]) -> set[str]:
+    """Load checkpoint-named tensors exactly as vLLM's Llama does (AutoWeightsLoader + the Llama name mapper)."""
+    from vllm.model_executor.models.llama import LlamaModel
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    flat = [(f"{p}.{n}", t.clone()) for p, g in weights.items() for n, t in g.items()]
+    return AutoWeightsLoader(module).load_weights(flat, mapper=LlamaModel.hf_to_vllm_mapper)
+
+
+def _finish(*layers: torch.nn.Module) -> None:
+    for layer in layers:
+        layer.quant_method.process_weights_after_loading(layer)
+
+
+# ------------------------------------------------------------------------------------------------
+# registration
+# ------------------------------------------------------------------------------------------------
+
+
+def test_entry_point_and_idempotent_registration(vllm_env: object) -> None:
+    from importlib.metadata import entry_points
+
+    from sparkctl_exl3.vllm_plugin import is_registered, register
+    from sparkctl_exl3.vllm_plugin.config import EXL3Config
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+    from vllm.plugins import load_general_plugins
+
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("exl3") == "sparkctl_exl3.vllm_plugin:register"
+    load_general_plugins()
+    register()
+    register()
+    assert is_registered()
+    assert get_quantization_config("exl3") is EXL3Config
+    assert QUANTIZATION_METHODS.count("exl3") == 1
+    assert hasattr(torch.ops.sparkctl_exl3, "exl3_gemm")
+
+
+def test_config_from_checkpoint(vllm_env: object, tiny_models: dict[str, Path]) -> None:
+    from sparkctl_exl3.vllm_plugin.config import EXL3Config
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+    raw = json.loads((tiny_models["dense"] / "config.json").read_text())["quantization_config"]
+    cfg = EXL3Config.from_config(raw)
+    assert isinstance(cfg, QuantizationConfig) and cfg.get_name() == "exl3"
+    assert (
+        torch.float32 in cfg.get_supported_act_dtypes() and torch.bfloat16 in cfg.get_supported_act_dtypes()
+    )
+    cfg.maybe_update_config(str(tiny_models["dense"]))
+    assert cfg.index is not None and "lm_head" in cfg.index.exl3 and "model.embed_tokens" in cfg.index.plain
+    with pytest.raises(ValueError, match="quant_method 'gptq'"):
+        EXL3Config.from_config({"quant_method": "gptq"})
+
+
+def test_checkpoint_that_lacks_exl3_tensors(
+    vllm_env: object, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A plain checkpoint whose config says exl3 fails at startup with one clear sentence."""
+    from sparkctl_exl3.vllm_plugin.config import EXL3Config
+
+    fake = tmp_path / "fake-exl3"
+    shutil.copytree(tiny_models["dense-twin"], fake)
+    cfg = EXL3Config.from_config({"quant_method": "exl3"})
+    with pytest.raises(
+        ValueError, match="declares quant_method exl3 but no safetensors file holds an EXL3 tensor"
+    ):
+        cfg.maybe_update_config(str(fake))
+
+
+# ------------------------------------------------------------------------------------------------
+# dense linears
+# ------------------------------------------------------------------------------------------------
+
+
+class _Block(torch.nn.Module):
+    """A Llama decoder block's linears under the names vLLM gives them."""
+
+    def __init__(
+        self, cfg: object, head_dim: int = 64, heads: int = 4, kv_heads: int = 2, inter: int = 512
+    ) -> None:
+        from vllm.model_executor.layers.linear import (
+            MergedColumnParallelLinear,
+            QKVParallelLinear,
+            RowParallelLinear,
+        )
+
+        super().__init__()
+        attn, mlp = torch.nn.Module(), torch.nn.Module()
+        attn.qkv_proj = QKVParallelLinear(
+            HIDDEN,
+            head_dim,
+            heads,
+            kv_heads,
+            bias=True,
+            quant_config=cfg,
+            prefix="l.self_attn.qkv_proj",
+            params_dtype=torch.float32,
+        )
+        attn.o_proj = RowParallelLinear(
+            heads * head_dim,
+            HIDDEN,
+            bias=True,
+            quant_config=cfg,
+            prefix="l.self_attn.o_proj",
+            params_dtype=torch.float32,
+        )
+        mlp.gate_up_proj = MergedColumnParallelLinear(
+            HIDDEN,
+            [inter, inter],
+            bias=False,
+            quant_config=cfg,
+            prefix="l.mlp.gate_up_proj",
+            params_dtype=torch.float32,
+        )
+        mlp.down_proj = RowParallelLinear(
+            inter, HIDDEN, bias=False, quant_config=cfg, prefix="l.mlp.down_proj", params_dtype=torch.float32
+        )
+        self.self_attn, self.mlp = attn, mlp
+
+
+def _block_weights(
+    head_dim: int = 64, heads: int = 4, kv_heads: int = 2, inter: int = 512
+) -> dict[str, dict[str, torch.Tensor]]:
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return {
+        "self_attn.q_proj": _layer(HIDDEN, q, 4, "mul1", 1, bias=True),
+        "self_attn.k_proj": _layer(HIDDEN, kv, 3, "mcg", 2, bias=True),
+        "self_attn.v_proj": _layer(HIDDEN, kv, 2.5, "mul1", 3, bias=True),
+        "self_attn.o_proj": _layer(q, HIDDEN, 5, "3inst", 4, bias=True),
+        "mlp.gate_proj": _layer(HIDDEN, inter, 2, "3inst", 5),
+        "mlp.up_proj": _layer(HIDDEN, inter, 6, "mcg", 6),
+        "mlp.down_proj": _layer(inter, HIDDEN, 4, "mul1", 7),
+    }
+
+
+def test_fused_shards_load_and_forward(vllm_env: object) -> None:
+    block = _Block(_config())
+    w = _block_weights()
+    loaded = _load(block, w)
+    assert "self_attn.qkv_proj.trellis" in loaded and "mlp.gate_up_proj.mcg" in loaded
+    attn, mlp = block.self_attn, block.mlp
+    _finish(attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    # each fused shard kept its own K and codebook
+    assert attn.qkv_proj.exl3_bits == [4.0, 3.0, 2.5] and attn.qkv_proj.exl3_codebooks == [
+        "mul1",
+        "mcg",
+        "mul1",
+    ]
+    assert mlp.gate_up_proj.exl3_codebooks == ["3inst", "mcg"]
+
+    x = torch.randn(7, HIDDEN, generator=torch.Generator().manual_seed(9))
+    qkv, _ = attn.qkv_proj(x)
+    expected = torch.cat([_ref(x, w[f"self_attn.{n}_proj"]) for n in "qkv"], dim=-1)
+    torch.testing.assert_close(qkv, expected, rtol=1e-5, atol=1e-5)
+    gate_up, _ = mlp.gate_up_proj(x)
+    torch.testing.assert_close(
+        gate_up, torch.cat([_ref(x, w["mlp.gate_proj"]), _ref(x, w["mlp.up_proj"])], -1)
+    )
+    h = torch.randn(3, 512, generator=torch.Generator().manual_seed(10))
+    down, _ = mlp.down_proj(h)
+    torch.testing.assert_close(down, _ref(h, w["mlp.down_proj"]))
+    o, _ = attn.o_proj(x)
+    torch.testing.assert_close(o, _ref(x, w["self_attn.o_proj"]))  # bias added once
+
+
+@pytest.fixture
+def fake_tp(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Pretend to be rank r of a 2-way tensor-parallel group while vLLM's linear layers are built."""
+    import vllm.model_executor.layers.linear as linear
+
+    def set_rank(rank: int, size: int = 2) -> None:
+        monkeypatch.setattr(linear, "get_tensor_model_parallel_rank", lambda: rank)
+        monkeypatch.setattr(linear, "get_tensor_model_parallel_world_size", lambda: size)
+
+    yield set_rank
+
+
+def test_tensor_parallel_cuts_reassemble_the_layer(vllm_env: object, fake_tp) -> None:
+    """Two ranks' column shards concatenate, and their row partials sum, to the full layer."""
+    kw = {"head_dim": 128, "heads": 4, "kv_heads": 2, "inter": 512}
+    w = _block_weights(**kw)
+    ranks = []
+    for rank in (0, 1):
+        fake_tp(rank)
+        block = _Block(_config(), **kw)
+        _load(block, w)
+        _finish(block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)
+        ranks.append(block)
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(11))
+
+    def col(block: _Block, layer: str) -> torch.Tensor:
+        mod = block.get_submodule(layer)
+        return mod.quant_method.apply(mod, x, mod.bias)
+
+    # q/k/v: each rank holds half of every shard, in shard order
+    q0, k0, v0 = col(ranks[0], "self_attn.qkv_proj").split([256, 128, 128], dim=-1)
+    q1, k1, v1 = col(ranks[1], "self_attn.qkv_proj").split([256, 128, 128], dim=-1)
+    torch.testing.assert_close(torch.cat([q0, q1], -1), _ref(x, w["self_attn.q_proj"]))
+    torch.testing.assert_close(torch.cat([k0, k1], -1), _ref(x, w["self_attn.k_proj"]))
+    torch.testing.assert_close(torch.cat([v0, v1], -1), _ref(x, w["self_attn.v_proj"]))
+    g0, u0 = col(ranks[0], "mlp.gate_up_proj").split(256, dim=-1)
+    g1, u1 = col(ranks[1], "mlp.gate_up_proj").split(256, dim=-1)
+    torch.testing.assert_close(torch.cat([g0, g1], -1), _ref(x, w["mlp.gate_proj"]))
+    torch.testing.assert_close(torch.cat([u0, u1], -1), _ref(x, w["mlp.up_proj"]))
+    # o_proj: rank r sees input columns [256 r, 256 r + 256); bias only on rank 0 (as RowParallelLinear does)
+    xo = torch.randn(5, 512, generator=torch.Generator().manual_seed(12))
+    parts = []
+    for rank, block in enumerate(ranks):
+        mod = block.self_attn.o_proj
+        parts.append(
+            mod.quant_method.apply(mod, xo[:, 256 * rank : 256 * rank + 256], mod.bias if rank == 0 else None)
+        )
+    torch.testing.assert_close(parts[0] + parts[1], _ref(xo, w["self_attn.o_proj"]), rtol=1e-4, atol=1e-4)
+
+
+def test_unaligned_tensor_parallel_cut_is_refused(vllm_env: object, fake_tp) -> None:
+    from sparkctl_exl3.vllm_plugin.storage import ShardCutError
+
+    fake_tp(1)
+    with pytest.raises(ShardCutError, match=r"l\.self_attn\.k_proj: tensor-parallel cut at output column 64"):
+        _Block(_config())  # head_dim 64, 2 kv heads over 2 ranks: 64-wide k/v cuts
+
+
+def test_missing_tensor_names_the_layer(vllm_env: object) -> None:
+    from sparkctl_exl3.vllm_plugin.linear import Exl3LoadError
+
+    block = _Block(_config())
+    w = _block_weights()
+    del w["self_attn.v_proj"]["svh"]
+    _load(block, w)
+    with pytest.raises(Exl3LoadError, match=r"l\.self_attn\.v_proj: .*lacks l\.self_attn\.v_proj\.svh"):
+        _finish(block.self_attn.qkv_proj)
+
+
+def test_unknown_codebook_marker(vllm_env: object) -> None:
+    from sparkctl_exl3.vllm_plugin.linear import Exl3LoadError
+
+    block = _Block(_config())
+    w = _block_weights()
+    w["self_attn.k_proj"]["mcg"] = torch.tensor(0x12345678, dtype=torch.int32)
+    _load(block, w)
+    with pytest.raises(
+        Exl3LoadError, match=r"l\.self_attn\.k_proj: unknown mcg codebook marker value 0x12345678"
+    ):
+        _finish(block.self_attn.qkv_proj)
+
+
+# ------------------------------------------------------------------------------------------------
+# lm_head and embeddings
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocab", [640, 1030])
+def test_quantized_lm_head(vllm_env: object, vocab: int) -> None:
+    """vLLM pads the vocab to 64, EXL3 to 128: the head is cut back to vLLM's width and matches the reference."""
+    from sparkctl_exl3.vllm_plugin.linear import EXL3LinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    head = ParallelLMHead(vocab, HIDDEN, quant_config=_config(), prefix="lm_head", params_dtype=torch.float32)
+    assert isinstance(head.quant_method, EXL3LinearMethod)
+    g = _layer(HIDDEN, -(-vocab // 128) * 128, 6, "mul1", 21)
+    holder = torch.nn.Module()
+    holder.lm_head = head
+    _load(holder, {"lm_head": g})
+    _finish(head)
+    x = torch.randn(4, HIDDEN, generator=torch.Generator().manual_seed(22))
+    logits = head.quant_method.apply(head, x)
+    assert logits.shape == (4, head.num_embeddings_per_partition)
+    torch.testing.assert_close(logits[:, :vocab], _ref(x, g)[:, :vocab])
+
+
+def test_embeddings_and_plain_modules_stay_unquantized(
+    vllm_env: object, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+
+    cfg = _config()
+    cfg.maybe_update_config(str(tiny_models["dense"]))
+    emb = VocabParallelEmbedding(640, HIDDEN, quant_config=cfg, prefix="model.embed_tokens")
+    assert isinstance(emb.quant_method, UnquantizedEmbeddingMethod)
+    # a module the checkpoint stores as .weight (here: a router-like gate) gets vLLM's unquantized method
+    cfg.index.plain.add("model.layers.0.mlp.gate")
+    gate = ReplicatedLinear(HIDDEN, 4, bias=False, quant_config=cfg, prefix="model.layers.0.mlp.gate")
+    assert isinstance(gate.quant_method, UnquantizedLinearMethod)
+    cfg.index.exl3.discard("lm_head")
+    cfg.index.plain.add("lm_head")
+    head = ParallelLMHead(640, HIDDEN, quant_config=cfg, prefix="lm_head")
+    assert isinstance(head.quant_method, UnquantizedEmbeddingMethod)
+
+
+# ------------------------------------------------------------------------------------------------
+# MoE
+# ------------------------------------------------------------------------------------------------
+
+
+def _moe_weights(experts: int = 4, inter: int = 256) -> dict[str, dict[str, torch.Tensor]]:
+    out = {}
+    seed = 100
+    for e in range(experts):
+        for proj, (i, o) in (("w1", (HIDDEN, inter)), ("w3", (HIDDEN, inter)), ("w2", (inter, HIDDEN))):
+            bits = (2, 3, 4, 5)[(e + len(proj) + seed) % 4]
+            out[f"block_sparse_moe.experts.{e}.{proj}"] = _layer(i, o, bits, ("mcg", "mul1")[e % 2], seed)
+            seed += 1
+    return out
+
+
+def _expert_ref(x: torch.Tensor, w: dict[str, dict[str, torch.Tensor]], e: int) -> torch.Tensor:
+    p = f"block_sparse_moe.experts.{e}"
+    h = torch.nn.functional.silu(_ref(x, w[f"{p}.w1"])) * _ref(x, w[f"{p}.w3"])
+    return _ref(h, w[f"{p}.w2"])
+
+
+def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
+    """Per-expert EXL3 tensors go through vLLM's RoutedExperts.load_weights; apply = top-k weighted reference."""
+    from sparkctl_exl3.vllm_plugin.moe import EXL3MoEMethod
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
+    from vllm.model_executor.models.mixtral import MixtralModel
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    holder, moe = torch.nn.Module(), torch.nn.Module()
+    moe.experts = FusedMoEFactory(
+        num_experts=4,
+        top_k=2,
+        hidden_size=HIDDEN,
+        intermediate_size=256,
+        params_dtype=torch.float32,
+        quant_config=_config(),
+        prefix="block_sparse_moe.experts",
+        ckpt_names=("w1", "w2", "w3"),
+    )
+    holder.block_sparse_moe = moe
+    routed = moe.experts.routed_experts
+    assert isinstance(routed.quant_method, EXL3MoEMethod)
+    w = _moe_weights()
+    flat = [(f"{p}.{n}", t.clone()) for p, g in w.items() for n, t in g.items()]
+    loaded = AutoWeightsLoader(holder).load_weights(flat, mapper=MixtralModel.hf_to_vllm_mapper)
+    assert any(n.endswith("w13_trellis") for n in loaded) and any(n.endswith("w2_mul1") for n in loaded)
+    routed.quant_method.process_weights_after_loading(routed)
+    assert routed.exl3_expert_ids == [0, 1, 2, 3]
+
+    tokens = 6
+    x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(31))
+    topk_ids = torch.tensor([[0, 1], [2, 3], [3, 0], [1, 2], [0, 3], [2, 1]], dtype=torch.int32)
+    topk_weights = torch.softmax(torch.randn(tokens, 2, generator=torch.Generator().manual_seed(32)), -1)
+    y = routed.quant_method.apply(routed, x, topk_weights, topk_ids, None, None)
+    expected = torch.stack(
+        [
+            sum(topk_weights[t, k] * _expert_ref(x[t : t + 1], w, int(topk_ids[t, k]))[0] for k in range(2))
+            for t in range(tokens)
+        ]
+    )
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_moe_forward_has_no_host_sync(vllm_env: object) -> None:
+    """exl3_moe_forward traces under FakeTensorMode: an .item(), .cpu() or a Python branch on routing values
+    would raise there (data-dependent output), so the decode path never waits for the device."""
+    from sparkctl_exl3.vllm_plugin.linear import ShardWeights
+    from sparkctl_exl3.vllm_plugin.moe import ExpertWeights, exl3_moe_forward
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    w = _moe_weights(experts=2)
+
+    # codebook and K are decided from the real tensors at load time; the forward only sees fake ones
+    meta = {p: (reference.codebook_of(g), reference.bits_of(g["trellis"])) for p, g in w.items()}
+
+    def shard(p: str, mode: FakeTensorMode) -> ShardWeights:
+        return ShardWeights(*(mode.from_tensor(w[p][n]) for n in ("trellis", "suh", "svh")), *meta[p])
+
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        experts = [
+            ExpertWeights(*(shard(f"block_sparse_moe.experts.{e}.{p}", mode) for p in ("w1", "w3", "w2")))
+            for e in range(2)
+        ]
+        x = torch.empty(3, HIDDEN)
+        out = exl3_moe_forward(
+            x,
+            torch.empty(3, 2),
+            torch.empty(3, 2, dtype=torch.int32),
+            experts,
+            [0, 1],
+            hidden=HIDDEN,
+            intermediate=256,
+            activation="silu",
+        )
+        assert out.shape == (3, HIDDEN)
