@@ -117,6 +117,20 @@ def test_compile_fullgraph() -> None:
         assert torch.equal(compiled(x), layer(x))
 
 
+def test_compile_inductor() -> None:
+    """One tiny case through inductor, the backend vLLM uses: the op stays an opaque call around fused code."""
+    trellis, suh, svh = _random_layer(8, 8, 2, seed=13)
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        return ops.exl3_matmul(x * 2, trellis, suh, svh, "mcg") + 1
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 128).half()
+    got = torch.compile(layer, fullgraph=True)(x)
+    assert got.shape == (2, 128) and got.dtype == torch.float16
+    assert torch.allclose(got.float(), layer(x).float(), rtol=1e-3, atol=1e-3)
+
+
 def test_wrapper_errors() -> None:
     trellis, suh, svh = _random_layer(8, 8, 2, seed=8)
     x = torch.randn(1, 128).half()
