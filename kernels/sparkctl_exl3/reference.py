@@ -478,5 +478,8 @@ def matmul(
     z = xr @ w_hat(trellis, codebook).float()
     y = _had_last(z) * svh.float()
     if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (svh.shape[0],):
+            shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"bias must have shape [{svh.shape[0]}] (the layer's padded O), got {shape}")
         y = y + bias.float()
     return y.to(x.dtype)

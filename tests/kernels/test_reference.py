@@ -376,6 +376,8 @@ def test_shape_errors() -> None:
         ref.matmul(torch.zeros(2, 256, dtype=torch.float16), trellis, suh, svh, "mcg")
     with pytest.raises(TypeError, match="floating-point"):
         ref.matmul(torch.zeros(2, 128, dtype=torch.int32), trellis, suh, svh, "mcg")
+    with pytest.raises(ValueError, match=r"bias must have shape \[128\]"):
+        ref.matmul(torch.zeros(2, 128, dtype=torch.float16), trellis, suh, svh, "mcg", bias=torch.zeros(64))
     with pytest.raises(ValueError, match="multiple of 128"):
         ref.had_r_128(torch.zeros(2, 100))
 
