@@ -65,7 +65,8 @@ def cuda_kernel() -> ModuleType | None:
         try:
             module = importlib.import_module(f"{__package__}.cuda")
             _cuda_module = module if module.available() else None
-            reason = "sparkctl_exl3.cuda.available() is False (extension not built for this machine)"
+            why = getattr(module, "unavailable_reason", lambda: None)()
+            reason = f"the CUDA extension is unavailable ({why or 'available() is False'})"
         except (ImportError, OSError, RuntimeError) as exc:
             _cuda_module = None
             reason = f"sparkctl_exl3.cuda could not be loaded: {exc}"
@@ -126,7 +127,9 @@ def _exl3_gemm_cuda(
     if kernel is not None and _kernel_takes(kernel, x, trellis, suh, svh, codebook_id):
         reference.check_layer(trellis, suh, svh, codebook)
         rows = x.reshape(-1, x.shape[-1])
-        y = kernel.gemv(rows.contiguous(), trellis, suh, svh, codebook_id)
+        y = kernel.gemv(
+            rows.contiguous(), trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id
+        )
         return y.reshape(*x.shape[:-1], y.shape[-1])
     return reference.matmul(x, trellis, suh, svh, codebook)
 
