@@ -30,8 +30,10 @@ $(VENV)/.vllm-installed: $(VENV)/.sparkctl-installed
 
 install-vllm: $(VENV)/.vllm-installed ## install the real vLLM for the CPU (torch CPU build) into .venv
 
+# `make up UP_ARGS="--port 8001"` passes options to `sparkctl up` (any of `sparkctl up --help`).
+UP_ARGS ?=
 up: install-vllm ## bring up the embedded `tiny` recipe and send it a chat request
-	$(BIN)/sparkctl up tiny
+	$(BIN)/sparkctl up tiny $(UP_ARGS)
 	$(BIN)/sparkctl chat tiny --message "Hello! Who are you?" --max-tokens 32
 
 down: ## stop the `tiny` server
