@@ -28,7 +28,7 @@ set_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 model_path_option = click.option(
     "--model-path",
-    type=click.Path(file_okay=True, dir_okay=True),
+    type=click.Path(exists=True, file_okay=True, dir_okay=True),
     default=None,
     help="A local model directory to plan with (mounted into the container for docker recipes).",
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from fnmatch import fnmatch
 from pathlib import Path
@@ -43,13 +44,18 @@ def model_source(recipe: Any) -> ModelSource:
         repo=m.repo,
         revision=m.revision,
         allow_patterns=tuple(m.allow_patterns),
-        path=str(Path(m.path).expanduser()) if m.path else None,
+        path=_abs(m.path) if m.path else None,
         generate=m.generate,
         format=m.format,
         expected_shards=m.expected_shards,
         expected_bytes=m.expected_bytes,
         needs_token=m.gated,
     )
+
+
+def _abs(path: str) -> str:
+    """Absolute, `~` expanded, symlinks kept: docker bind mounts need absolute host paths."""
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def default_entrypoint(recipe: Any) -> list[str]:
@@ -82,10 +88,10 @@ def _pick_gguf(directory: Path, recipe: Any) -> str | None:
 def _local_dir(recipe: Any, model_path: str | None) -> str | None:
     """The host directory holding the model, when the plan can name one."""
     if model_path:
-        return str(Path(model_path).expanduser())
+        return _abs(model_path)
     m = recipe.model
     if m.path:
-        return str(Path(m.path).expanduser())
+        return _abs(m.path)
     if m.generate:
         from sparkctl.paths import generated_model_dir
 

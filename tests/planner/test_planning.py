@@ -342,3 +342,14 @@ def test_gqa_kv_heads_split_across_tensor_parallel_ranks() -> None:
     assert kv_bytes_per_token(two) == 10 * 2 * 4 * 128 * 2
     fp8 = load_recipe("tiny", [*base, "serve.kv_cache_dtype=fp8"])
     assert kv_bytes_per_token(fp8) == 10 * 2 * 8 * 128
+
+
+def test_relative_model_paths_become_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights").mkdir()
+    p = plan(load_recipe("glm-5.3-flash"), model_path="weights")
+    mount = next(m for m in p.container.mounts if m.target == "/models/glm-5.3-flash")
+    assert mount.source == str(tmp_path / "weights")
+    native = plan(load_recipe("tiny", ["model.generate=null", "model.path=weights"]))
+    assert flag(native.argv, "--model") == str(tmp_path / "weights")
+    assert native.model.path == str(tmp_path / "weights")

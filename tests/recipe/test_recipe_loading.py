@@ -332,3 +332,14 @@ def test_builtin_recipe_values_match_the_notes() -> None:
         "cpu",
         True,
     )
+
+
+def test_pyproject_ships_the_recipes_where_the_loader_looks() -> None:
+    """A wheel installs recipes/*.yaml as data files under <prefix>/share/sparkctl/recipes."""
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((repo / "pyproject.toml").read_text())
+    data_files = config["tool"]["setuptools"]["data-files"]
+    assert data_files["share/sparkctl/recipes"] == ["recipes/*.yaml"]
+    assert sorted(p.stem for p in (repo / "recipes").glob("*.yaml")) == builtin_names()
