@@ -215,7 +215,7 @@ def render_cmd(
 def validate_cmd(recipes: tuple[str, ...], overrides: tuple[str, ...], as_json: bool) -> None:
     """Check recipe files (or built-in names): schema, flags and memory plan. Exit 2 if any is invalid."""
     results = []
-    for source in recipes:
+    for source in _expand_dirs(recipes):
         try:
             r, p = _load_and_plan(source, overrides, None)
         except UserError as exc:
@@ -237,6 +237,21 @@ def validate_cmd(recipes: tuple[str, ...], overrides: tuple[str, ...], as_json: 
                 click.echo(f"invalid: {res['error']}", err=True)
     if bad:
         raise UserError(f"{len(bad)} of {len(results)} recipe(s) invalid")
+
+
+def _expand_dirs(sources: Sequence[str]) -> list[str]:
+    """A directory stands for every .yaml/.yml file in it (e.g. `sparkctl validate recipes/`)."""
+    out: list[str] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+            if not found:
+                raise UserError(f"no .yaml files in {source}")
+            out.extend(found)
+        else:
+            out.append(source)
+    return out
 
 
 @click.command("schema")

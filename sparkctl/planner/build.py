@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import UserError
-from sparkctl.planner.engines import check_extra_args, llamacpp_argv, vllm_argv
+from sparkctl.planner.engines import check_extra_args, check_kv_dtype, llamacpp_argv, vllm_argv
 from sparkctl.planner.memory import gib, plan_memory
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
 
@@ -110,7 +110,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     With `check_memory` (the default) a memory plan that cannot work raises UserError with the numbers;
     `show --no-check` passes False to display it anyway (the Plan then has memory.fits False).
     """
-    warnings = check_extra_args(recipe)
+    warnings = check_extra_args(recipe) + check_kv_dtype(recipe)
     notes: list[str] = []
     rhash = recipe_hash(recipe)
     docker = recipe.runtime == "docker"

@@ -18,6 +18,49 @@ REMOVED_VLLM_FLAGS = {
 }
 
 
+# KV cache dtypes each engine accepts (vLLM 0.33 `--kv-cache-dtype`; llama-server `--cache-type-k/v`).
+# vLLM also accepts platform-registered dtypes, so an unknown name there is a warning, not an error.
+VLLM_KV_DTYPES = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "nvfp4",
+    "nvfp4_4over6",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+)
+VLLM_KV_DTYPE_PREFIXES = ("turboquant_", "octave_", "ultraquant_")
+LLAMACPP_KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def check_kv_dtype(recipe: Any) -> list[str]:
+    """Unknown KV dtypes: an error for llama-server (it exits on them), a warning for vLLM."""
+    import difflib
+
+    dtype = recipe.serve.kv_cache_dtype
+    if recipe.engine.name == "llama.cpp":
+        if dtype not in LLAMACPP_KV_DTYPES:
+            close = difflib.get_close_matches(dtype, LLAMACPP_KV_DTYPES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(
+                f"serve.kv_cache_dtype {dtype!r} is not a llama-server cache type; {hint}"
+                f"valid: {', '.join(LLAMACPP_KV_DTYPES)}"
+            )
+        return []
+    if dtype in VLLM_KV_DTYPES or dtype.startswith(VLLM_KV_DTYPE_PREFIXES):
+        return []
+    close = difflib.get_close_matches(dtype, VLLM_KV_DTYPES, n=1)
+    suggestion = f" (did you mean {close[0]!r}?)" if close else ""
+    return [f"serve.kv_cache_dtype {dtype!r} is not a vLLM 0.33 built-in KV dtype{suggestion}"]
+
+
 def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 

@@ -275,3 +275,9 @@ def test_list_in_a_process_with_a_broken_recipe_still_lists(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr
     assert "broken" in proc.stdout and "invalid:" in proc.stdout
     assert "tiny" in proc.stdout
+
+
+def test_validate_a_directory_checks_every_recipe_in_it() -> None:
+    out = ok("validate", str(REPO / "recipes")).stdout
+    for name in builtin_names():
+        assert f"({name})" in out

@@ -353,3 +353,15 @@ def test_relative_model_paths_become_absolute(tmp_path: Path, monkeypatch: pytes
     native = plan(load_recipe("tiny", ["model.generate=null", "model.path=weights"]))
     assert flag(native.argv, "--model") == str(tmp_path / "weights")
     assert native.model.path == str(tmp_path / "weights")
+
+
+def test_kv_dtype_typos() -> None:
+    p = plan(load_recipe("glm-5.3-flash", ["serve.kv_cache_dtype=fp8_e4m"]))
+    assert any(
+        "'fp8_e4m' is not a vLLM 0.33 built-in KV dtype (did you mean 'fp8_e4m3'?)" in w for w in p.warnings
+    )
+    assert not any("kv_cache_dtype" in w for w in plan(load_recipe("glm-5.3-flash")).warnings)
+    with pytest.raises(UserError, match="'q8' is not a llama-server cache type; did you mean 'q8_0'"):
+        plan(load_recipe("qwen3.8-27b-gguf", ["serve.kv_cache_dtype=q8"]))
+    ok = plan(load_recipe("qwen3.8-27b-gguf", ["serve.kv_cache_dtype=q8_0"]))
+    assert flag(ok.argv, "--cache-type-k") == flag(ok.argv, "--cache-type-v") == "q8_0"
