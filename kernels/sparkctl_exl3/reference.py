@@ -19,7 +19,8 @@ once on the CPU and cached per device.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -390,6 +391,25 @@ def hadamard_128(
     return _hadamard_on(torch.device(device if device is not None else "cpu"), dtype)
 
 
+@contextmanager
+def _ieee_fp32() -> Iterator[None]:
+    """Run fp32 matmuls at full precision whatever the process-wide setting is.
+
+    ``torch.set_float32_matmul_precision("high"/"medium")`` (which serving stacks set for speed) lets fp32
+    matmuls run in TF32 or bf16, with relative errors of ~1e-3: enough to make an oracle disagree with the kernels
+    it judges. The setting is process-wide, so it is restored on exit.
+    """
+    saved = torch.get_float32_matmul_precision()
+    if saved == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
 def _had_first(w: torch.Tensor) -> torch.Tensor:
     """Multiply a 2-D matrix by blockdiag(H128) from the left: each 128-row block of w becomes H128 . block.
 
@@ -425,7 +445,8 @@ def had_r_128(
     y = x.float()
     if pre_scale is not None:
         y = y * pre_scale.float()
-    y = _had_last(y)
+    with _ieee_fp32():
+        y = _had_last(y)
     if scale != 1.0:
         y = y * scale
     if post_scale is not None:
@@ -441,8 +462,9 @@ def weight(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook
     """
     check_layer(trellis, suh, svh, codebook)
     w = w_hat(trellis, codebook).float()
-    w = _had_first(w)  # Hk . W_hat
-    w = _had_last(w)  # . Hn
+    with _ieee_fp32():
+        w = _had_first(w)  # Hk . W_hat
+        w = _had_last(w)  # . Hn
     w = w * suh.float()[:, None] * svh.float()[None, :]
     return w.to(torch.float16)
 
@@ -474,9 +496,11 @@ def matmul(
         )
     if x.device != trellis.device:
         raise ValueError(f"x is on {x.device} but trellis is on {trellis.device}")
-    xr = _had_last(x.float() * suh.float())
-    z = xr @ w_hat(trellis, codebook).float()
-    y = _had_last(z) * svh.float()
+    w = w_hat(trellis, codebook).float()
+    with _ieee_fp32():
+        xr = _had_last(x.float() * suh.float())
+        z = xr @ w
+        y = _had_last(z) * svh.float()
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (svh.shape[0],):
             shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__

@@ -293,6 +293,22 @@ def test_matmul_keeps_input_dtype() -> None:
         assert ref.matmul(x, trellis, suh, svh, "3inst").dtype == dtype
 
 
+def test_full_precision_whatever_the_global_setting() -> None:
+    """Serving stacks lower the fp32 matmul precision (TF32 / bf16); the oracle must not follow them."""
+    trellis, suh, svh = _random_layer(16, 16, 4, seed=21)
+    x = torch.randn(8, 256)
+    saved = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        exact = ref.matmul(x, trellis, suh, svh, "mul1")
+        torch.set_float32_matmul_precision("medium")
+        y = ref.matmul(x, trellis, suh, svh, "mul1")
+        assert torch.get_float32_matmul_precision() == "medium"  # restored
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    assert _rel(y, exact) < 1e-6  # bf16 matmuls would be ~2e-3 off
+
+
 def test_had_r_128_matches_dense() -> None:
     x = torch.randn(3, 256)
     pre, post = torch.randn(256), torch.randn(256)
