@@ -7,7 +7,7 @@ interleaved (so drift in a shared machine's load hits all of them alike), each f
 targets: prewarm >= 1.5x the single reader, >= 0.9x the disk ceiling.
 
     python bench/prewarm_bench.py                       # 4 GiB in 8 shards, 3 rounds
-    python bench/prewarm_bench.py --gib 8 --rounds 5 --extra   # also sendfile, threads vs processes
+    python bench/prewarm_bench.py --rounds 5 --extra   # also pread, threads vs processes, 4/16 workers
 """
 
 from __future__ import annotations
@@ -93,6 +93,14 @@ def processes(files: list[Path], workers: int = 8) -> int:
         return sum(pool.map(_proc_read, jobs))
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the process-pool variant)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=float, default=4.0, help="total shard size [4]")
@@ -101,7 +109,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--dir", default=None, help="where to make the shards [a temp dir under /var/tmp]")
     ap.add_argument("--keep", action="store_true", help="keep the shards (and reuse them with --dir)")
-    ap.add_argument("--extra", action="store_true", help="also time sendfile, 4/16 workers and processes")
+    ap.add_argument("--extra", action="store_true", help="also time pread, processes, 4 and 16 workers")
     ap.add_argument("--json", default=None, help="write all timings to this JSON file")
     args = ap.parse_args()
 
@@ -137,13 +145,15 @@ def main() -> int:
             ),
         }
         if args.extra:
-            variants["prewarm sendfile"] = lambda: warm(
-                files, workers=args.workers, method="sendfile", residency_check=False
+            variants[f"prewarm pread {args.workers} workers"] = lambda: warm(
+                files, workers=args.workers, method="pread", residency_check=False
             )
+            variants[f"processes pread {args.workers}"] = lambda: processes(files, args.workers)
             variants["prewarm 4 workers"] = lambda: warm(files, workers=4, residency_check=False)
             variants["prewarm 16 workers"] = lambda: warm(files, workers=16, residency_check=False)
-            variants[f"processes {args.workers}"] = lambda: processes(files, args.workers)
         times: dict[str, list[float]] = {name: [] for name in variants}
+        cpus: dict[str, list[float]] = {name: [] for name in variants}
+        print(f"machine: {os.cpu_count()} CPUs, load average at start {os.getloadavg()[0]:.2f}")
         for rnd in range(args.rounds):
             for name, fn in variants.items():
                 ev = evict(files)
@@ -152,20 +162,28 @@ def main() -> int:
                         f"warning: {100 * ev.residency_after:.1f} % still cached before {name}",
                         file=sys.stderr,
                     )
+                c0 = _cpu_seconds()
                 t = time.perf_counter()
                 fn()
                 dt = time.perf_counter() - t
+                cpu = _cpu_seconds() - c0
                 times[name].append(dt)
+                cpus[name].append(cpu)
                 cached = residency(files)
                 print(
-                    f"round {rnd + 1} {name:<34} {dt:7.2f} s {total / GiB / dt:6.2f} GiB/s  cached after {100 * cached:5.1f} %"
+                    f"round {rnd + 1} {name:<34} {dt:7.2f} s {total / GiB / dt:6.2f} GiB/s  "
+                    f"cpu {cpu / (total / GiB):5.2f} s/GiB  cached after {100 * cached:5.1f} %",
+                    flush=True,
                 )
         print()
         med = {name: statistics.median(v) for name, v in times.items()}
         for name, m in med.items():
+            cpu = statistics.median(cpus[name]) / (total / GiB)
+            runs = ", ".join(f"{x:.2f}" for x in times[name])
             print(
-                f"median {name:<34} {m:7.2f} s {total / GiB / m:6.2f} GiB/s  (runs: {', '.join(f'{x:.2f}' for x in times[name])})"
+                f"median {name:<34} {m:7.2f} s {total / GiB / m:6.2f} GiB/s  cpu {cpu:5.2f} s/GiB  (runs: {runs})"
             )
+        print(f"load average at end {os.getloadavg()[0]:.2f}")
         single, pre, disk = (med[n] for n in list(variants)[:3])
         vs_single, vs_disk = single / pre, disk / pre
         print(
@@ -176,7 +194,9 @@ def main() -> int:
         )
         if args.json:
             Path(args.json).write_text(
-                json.dumps({"total_bytes": total, "times": times, "median": med}, indent=2)
+                json.dumps(
+                    {"total_bytes": total, "times": times, "cpu_seconds": cpus, "median": med}, indent=2
+                )
             )
         return 0
     finally:
