@@ -233,12 +233,59 @@ def validate_data(data: dict[str, Any], positions: dict[Path_, Origin], source: 
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        located = [_format_error(err, positions, source) for err in exc.errors()]
+        located = [_format_error(err, positions, source) for err in _merge_union_errors(exc.errors(), data)]
         located.sort(key=lambda item: item[0])
         lines = [text for _, text in located]
         first, rest = lines[0], lines[1:]
         message = first if not rest else first + "".join(f"\n  {line}" for line in rest)
         raise UserError(message, hint="`sparkctl schema` prints every field with its description") from None
+
+
+def _data_loc(loc: Path_, data: Any, kind: str) -> tuple[Path_, Path_]:
+    """Split a pydantic loc into the path through the data and the union-branch tags pydantic appends
+    (e.g. `env.A.str`, `env.A.int` for a `str | int` field): tags are segments past a scalar value."""
+    path: list[str | int] = []
+    tags: list[str | int] = []
+    cur: Any = data
+    present = True
+    for seg in loc:
+        in_dict = isinstance(cur, dict) and seg in cur
+        in_list = isinstance(cur, list) and isinstance(seg, int) and seg < len(cur)
+        if present and (in_dict or in_list):
+            cur = cur[seg]
+            path.append(seg)
+        elif present and isinstance(cur, dict) and kind == "missing":
+            path.append(seg)  # a required key that is absent: the error is about it
+            present = False
+        else:
+            tags.append(seg)
+    return tuple(path), tuple(tags)
+
+
+def _merge_union_errors(errors: list[Any], data: Any) -> list[Any]:
+    """One error per value: the branches of a failed union become a single 'expected a or b' error."""
+    merged: dict[Path_, Any] = {}
+    order: list[Path_] = []
+    for err in errors:
+        path, tags = _data_loc(tuple(err.get("loc", ())), data, err.get("type", ""))
+        if not tags:
+            merged[(*path, id(err))] = err
+            order.append((*path, id(err)))
+            continue
+        if path in merged:
+            merged[path]["_expected"].append(str(tags[0]))
+            continue
+        merged[path] = {**err, "loc": path, "type": "union", "_expected": [str(tags[0])]}
+        order.append(path)
+    out = []
+    for key in order:
+        err = merged[key]
+        if err.get("type") == "union":
+            kinds = " or ".join(dict.fromkeys(err["_expected"]))
+            got = err.get("input")
+            err = {**err, "msg": f"expected {kinds}, got {type(got).__name__} {got!r}"}
+        out.append(err)
+    return out
 
 
 def _format_error(

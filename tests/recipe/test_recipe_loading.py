@@ -343,3 +343,13 @@ def test_pyproject_ships_the_recipes_where_the_loader_looks() -> None:
     data_files = config["tool"]["setuptools"]["data-files"]
     assert data_files["share/sparkctl/recipes"] == ["recipes/*.yaml"]
     assert sorted(p.stem for p in (repo / "recipes").glob("*.yaml")) == builtin_names()
+
+
+def test_a_failed_union_is_one_error_not_one_per_branch(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "env:\n  A: [1]\n")
+    assert error_of(path) == f"{path}:11:3: env.A: expected str or int or float or bool, got list [1]"
+
+
+def test_missing_key_inside_a_list_item_points_at_the_item(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "container:\n  mounts:\n    - {source: /a}\n")
+    assert error_of(path) == f"{path}:12:7: container.mounts.0.target: required field is missing"
