@@ -58,6 +58,7 @@ def render_shell(plan: Plan) -> str:
     header = (
         f"# sparkctl plan for {plan.recipe_name} ({plan.engine}, {plan.runtime}); serves {plan.base_url}/v1\n"
     )
+    header += "".join(f"# note: {n}\n" for n in plan.notes)
     if plan.container is None:
         lines = [f"{k}={shlex.quote(v)}" for k, v in plan.env.items()]
         if plan.model.needs_token:
@@ -180,6 +181,8 @@ def render_compose(plan: Plan) -> str:
         "#   docker compose -f <this file> up -d\n"
         f"# then the OpenAI API is at {plan.base_url}/v1 once the healthcheck passes.\n"
     )
+    for note in plan.notes:
+        header += f"# note: {note}\n"
     for warning in plan.warnings:
         header += f"# warning: {warning}\n"
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100_000, allow_unicode=True)

@@ -1,4 +1,5 @@
 # sparkctl plan for glm-5.3-flash-4bpw-2x (vllm, docker); serves http://127.0.0.1:8000/v1
+# note: start Ray on all 2 nodes first (head: `ray start --head --node-ip-address=<cx7 ip> --num-gpus=1`; workers: `ray start --address=<head>:6379`), with the model at the same path on every node; `up` runs the server on the head only
 docker run --rm \
   --name sparkctl-glm-5.3-flash-4bpw-2x \
   --gpus all \
