@@ -136,6 +136,24 @@ def _api_text(exc: Exception) -> str:
     return str(explanation or exc).strip()
 
 
+def _start_hint(text: str) -> str:
+    """The likely fix for a container the engine refused to start, from the engine's own words."""
+    low = text.lower()
+    if "rlimit" in low:
+        return (
+            "this host does not allow the recipe's container.ulimits (e.g. memlock unlimited); "
+            "lower them in the recipe, or raise the hard limits of the Docker daemon"
+        )
+    if "device driver" in low or "nvidia" in low:
+        return (
+            "Docker cannot give this container a GPU: install the NVIDIA Container Toolkit and restart "
+            "Docker (sparkctl doctor checks it), or set container.gpus: false"
+        )
+    if "no such file" in low or "executable file not found" in low:
+        return "engine.entrypoint must exist inside the image (or in a mounted directory)"
+    return "check the recipe's container settings (image, mounts, ulimits) and the Docker daemon's log"
+
+
 def port_owner(host: str, port: int) -> str | None:
     """Who listens on `port`, as "pid N (cmdline)" when psutil can tell, else None.
 
@@ -238,8 +256,7 @@ class DockerRuntime:
             with contextlib.suppress(APIError):
                 container.remove(force=True)
             raise RuntimeFailure(
-                f"container {name} failed to start: {_api_text(exc)}",
-                hint="check engine.entrypoint exists inside the image and the mounts it needs",
+                f"container {name} failed to start: {_api_text(exc)}", hint=_start_hint(_api_text(exc))
             ) from None
         except BaseException:  # Ctrl-C between create and start: leave nothing behind
             with contextlib.suppress(Exception):

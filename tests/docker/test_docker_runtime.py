@@ -157,6 +157,7 @@ def test_gpu_request_reaches_the_engine(runtime, tmp_path, docker_client) -> Non
     with pytest.raises(RuntimeFailure) as err:
         runtime.start(plan, tmp_path / "l")
     assert "gpu" in str(err.value).lower()
+    assert "NVIDIA Container Toolkit" in (err.value.hint or "")
     assert not docker_client.containers.list(all=True, filters={"name": "sparkctl-c2-gpu"})
 
 
@@ -299,3 +300,19 @@ def test_link_target_mounts_only_when_needed(tmp_path) -> None:
     other = _fake_hf_snapshot(tmp_path / "hf2")
     with pytest.raises(RuntimeFailure, match="would not resolve inside the container"):
         link_target_mounts([(snap, "/models/tiny"), (other, "/models/other")])
+
+
+def test_ulimit_the_host_refuses_gets_a_hint(runtime, tmp_path, docker_client) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("this host allows an unlimited memlock; the refusal cannot be shown here")
+    plan = make_plan(
+        "c2-ulimit", [host_python(), "-c", "pass"], port=free_port(), ulimits={"memlock": (-1, -1)}
+    )
+    with pytest.raises(RuntimeFailure) as err:
+        runtime.start(plan, tmp_path / "l")
+    assert "rlimit" in str(err.value)
+    assert "container.ulimits" in (err.value.hint or "")
+    assert not docker_client.containers.list(all=True, filters={"name": "sparkctl-c2-ulimit"})
