@@ -281,3 +281,19 @@ def test_validate_a_directory_checks_every_recipe_in_it() -> None:
     out = ok("validate", str(REPO / "recipes")).stdout
     for name in builtin_names():
         assert f"({name})" in out
+
+
+@pytest.mark.parametrize("name", [n for n in builtin_names() if not n.startswith("tiny")])
+def test_compose_names_follow_the_compose_spec(name: str) -> None:
+    """Project names: [a-z0-9][a-z0-9_-]*; service names: [a-zA-Z0-9._-]+ (compose-spec)."""
+    import re
+
+    result = run(
+        "render", name, "--format", "compose", "--set", "runtime=docker", "--set", "container.image=x"
+    )
+    if isinstance(result.exception, UserError):
+        pytest.skip(str(result.exception))
+    doc = yaml.safe_load(result.stdout)
+    assert re.fullmatch(r"[a-z0-9][a-z0-9_-]*", doc["name"]), doc["name"]
+    for service in doc["services"]:
+        assert re.fullmatch(r"[a-zA-Z0-9._-]+", service)
