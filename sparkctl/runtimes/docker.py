@@ -410,9 +410,17 @@ class DockerRuntime:
         container = self._find(state)
         if container is None or container.status != "running":
             return None
-        raw = container.stats(stream=False)
+        # one_shot: a single sample now, instead of waiting a second for a CPU delta `status` never shows
+        raw = container.stats(stream=False, one_shot=True)
         mem = raw.get("memory_stats", {})
-        return {"memory_bytes": int(mem.get("usage", 0)), "memory_limit_bytes": int(mem.get("limit", 0))}
+        usage = int(mem.get("usage", 0))
+        # cgroup v1 counts page cache in `usage`; what the engine itself holds is usage minus cache
+        cache = int(
+            (mem.get("stats") or {}).get(
+                "total_inactive_file", (mem.get("stats") or {}).get("inactive_file", 0)
+            )
+        )
+        return {"memory_bytes": max(0, usage - cache), "memory_limit_bytes": int(mem.get("limit", 0))}
 
     # -- stop ---------------------------------------------------------------------------------------
 

@@ -316,3 +316,18 @@ def test_ulimit_the_host_refuses_gets_a_hint(runtime, tmp_path, docker_client) -
     assert "rlimit" in str(err.value)
     assert "container.ulimits" in (err.value.hint or "")
     assert not docker_client.containers.list(all=True, filters={"name": "sparkctl-c2-ulimit"})
+
+
+def test_stats_reports_what_the_container_holds(runtime, tmp_path) -> None:
+    script = "import time; held = bytearray(200 * 2**20); print('holding', flush=True); time.sleep(60)"
+    state = runtime.start(
+        make_plan("c2-stats", [host_python(), "-c", script], port=free_port()), tmp_path / "l"
+    )
+    try:
+        wait_for(lambda: "holding" in list(runtime.logs(state)), what="the allocation")
+        stats = runtime.stats(state)
+        assert stats is not None
+        assert 200 * 2**20 <= stats["memory_bytes"] < 400 * 2**20, stats
+    finally:
+        runtime.stop(state, timeout_s=1)
+    assert runtime.stats(state) is None
