@@ -54,41 +54,74 @@ def parse_yaml(text: str, source: str) -> tuple[Any, dict[Path_, Origin]]:
     if node is None:
         return None, positions
     positions[()] = _origin(node, source)
-    loader = yaml.SafeLoader("")
-    return _build(node, (), source, positions, loader), positions
+    return _Builder(source, positions).build(node, ()), positions
+
+
+# Aliases let a few lines of YAML expand into an exponential tree; no recipe needs more than this.
+MAX_NODES = 100_000
 
 
 def _origin(node: Any, source: str) -> Origin:
     return Origin(source, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
-def _build(node: Any, path: Path_, source: str, positions: dict[Path_, Origin], loader: Any) -> Any:
-    import yaml
+class _Builder:
+    """Node graph -> plain data, recording each path's origin; refuses recursive or exploding aliases."""
 
-    if isinstance(node, yaml.MappingNode):
+    def __init__(self, source: str, positions: dict[Path_, Origin]) -> None:
+        import yaml
+
+        self.source = source
+        self.positions = positions
+        self.loader = yaml.SafeLoader("")
+        self.count = 0
+        self.ancestors: set[int] = set()
+
+    def build(self, node: Any, path: Path_) -> Any:
+        import yaml
+
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise UserError(f"{self.source}: YAML aliases expand to more than {MAX_NODES:,} values")
+        if id(node) in self.ancestors:
+            raise UserError(f"{_origin(node, self.source)}: recursive YAML alias")
+        if isinstance(node, yaml.ScalarNode):
+            return _scalar(node, self.source, self.loader)
+        self.ancestors.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self._mapping(node, path)
+            return self._sequence(node, path)
+        finally:
+            self.ancestors.discard(id(node))
+
+    def _mapping(self, node: Any, path: Path_) -> dict[str, Any]:
+        import yaml
+
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
+            where = _origin(key_node, self.source)
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise UserError(
-                    f"{_origin(key_node, source)}: YAML merge keys (<<) are not supported; use extends:"
-                )
-            key = _scalar(key_node, source, loader) if isinstance(key_node, yaml.ScalarNode) else key_node
+                raise UserError(f"{where}: YAML merge keys (<<) are not supported; use extends:")
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise UserError(f"{where}: keys must be strings, got a {key_node.id}")
+            key = _scalar(key_node, self.source, self.loader)
             if not isinstance(key, str):
-                raise UserError(f"{_origin(key_node, source)}: keys must be strings, got {key!r}")
+                raise UserError(f"{where}: keys must be strings, got {key!r}")
             if key in out:
-                raise UserError(f"{_origin(key_node, source)}: duplicate key {key!r}")
+                raise UserError(f"{where}: duplicate key {key!r}")
             child = (*path, key)
-            positions[child] = _origin(key_node, source)
-            out[key] = _build(value_node, child, source, positions, loader)
+            self.positions[child] = where
+            out[key] = self.build(value_node, child)
         return out
-    if isinstance(node, yaml.SequenceNode):
+
+    def _sequence(self, node: Any, path: Path_) -> list[Any]:
         items = []
         for i, item in enumerate(node.value):
             child = (*path, i)
-            positions[child] = _origin(item, source)
-            items.append(_build(item, child, source, positions, loader))
+            self.positions[child] = _origin(item, self.source)
+            items.append(self.build(item, child))
         return items
-    return _scalar(node, source, loader)
 
 
 def _scalar(node: Any, source: str, loader: Any) -> Any:

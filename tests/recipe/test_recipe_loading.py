@@ -353,3 +353,29 @@ def test_a_failed_union_is_one_error_not_one_per_branch(tmp_path: Path) -> None:
 def test_missing_key_inside_a_list_item_points_at_the_item(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "container:\n  mounts:\n    - {source: /a}\n")
     assert error_of(path) == f"{path}:12:7: container.mounts.0.target: required field is missing"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: &x [*x]\n", "r.yaml:1:4: recursive YAML alias"),
+        ("? [a]\n: 1\n", "r.yaml:1:3: keys must be strings, got a sequence"),
+        ("1: x\n", "r.yaml:1:1: keys must be strings, got 1"),
+        (
+            "base: &b {x: 1}\nother:\n  <<: *b\n",
+            "r.yaml:3:3: YAML merge keys (<<) are not supported; use extends:",
+        ),
+        ("a: !!python/object:os.system x\n", "r.yaml:1:4: could not determine a constructor"),
+    ],
+)
+def test_yaml_features_a_recipe_must_not_use(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    assert error_of(path).startswith(f"{tmp_path}/{message}")
+
+
+def test_alias_bombs_are_refused(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    for i in range(1, 6):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    assert error_of(path) == f"{path}: YAML aliases expand to more than 100,000 values"
