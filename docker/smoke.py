@@ -22,11 +22,14 @@ def main() -> int:
     import sparkctl_exl3.cuda as cuda
     import sparkctl_exl3.vllm_plugin  # noqa: F401  (what vLLM imports in every process)
 
-    build = cuda.build_dir()
-    if not build.is_dir() or not any(build.glob("*.so")):
-        print(f"smoke: no compiled EXL3 extension in {build}", file=sys.stderr)
+    try:
+        # Loads the build the Dockerfile just made (no compile: the sources are unchanged); a failure
+        # here is exactly what a server would hit when it first calls the kernels.
+        module = cuda.build()
+    except Exception as exc:
+        print(f"smoke: the EXL3 kernels do not load: {exc}", file=sys.stderr)
         return 1
-    print(f"smoke: plugin {plugins['exl3']} and EXL3 kernels in {build}")
+    print(f"smoke: plugin {plugins['exl3']}, EXL3 kernels {module.__file__}")
     return 0
 
 

@@ -175,3 +175,21 @@ def test_the_engine_parses_it(docker_client, test_image, tmp_path, ins) -> None:
     assert f"Step {first_run}/{len(ins)} : RUN" in text
     assert "parse error" not in error.lower() and "unknown instruction" not in error.lower(), error
     assert "nvcc" in error  # it stopped at the toolchain check, as it must without CUDA
+
+
+def test_smoke_script_checks_the_plugin_then_the_kernels() -> None:
+    """docker/smoke.py in this venv: the entry point vLLM loads is found and imports; then the kernel
+    check fails for the reason a CPU-only torch gives, which is what it must catch in a broken image."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA torch would compile the kernels here; this checks the CPU-only refusal")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "docker" / "smoke.py")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "vllm.general_plugins has no exl3" not in proc.stderr  # the plugin check passed
+    assert proc.stderr.startswith("smoke: the EXL3 kernels do not load: ")
+    assert "no CUDA support" in proc.stderr
