@@ -570,7 +570,9 @@ class Recipe(Strict):
     ]
     name: Annotated[
         str,
-        Field(pattern=NAME_PATTERN, description="Recipe name (defaults to the file name without .yaml)."),
+        Field(
+            description="Recipe name (defaults to the file name without .yaml): lowercase letters, digits, . _ -"
+        ),
     ]
     description: Annotated[str, Field(default="", description="One line shown by `sparkctl list`.")]
     notes: Annotated[
@@ -599,6 +601,18 @@ class Recipe(Strict):
         ContainerSpecModel, Field(default_factory=ContainerSpecModel, description="Docker settings.")
     ]
     bench: Annotated[BenchSpec, Field(default_factory=BenchSpec, description="Benchmark defaults.")]
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError(
+                f"recipe name {value!r} must be lowercase letters, digits, '.', '_' or '-' (it names the "
+                "container and the state file); set `name:` or rename the file"
+            )
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:

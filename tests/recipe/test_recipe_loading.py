@@ -379,3 +379,9 @@ def test_alias_bombs_are_refused(tmp_path: Path) -> None:
         lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
     path = write(tmp_path, "\n".join(lines) + "\n")
     assert error_of(path) == f"{path}: YAML aliases expand to more than 100,000 values"
+
+
+def test_a_file_name_that_is_not_a_valid_recipe_name(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL, "My Model.yaml")
+    assert "name: recipe name 'My Model' must be lowercase letters" in error_of(path)
+    assert load_recipe(str(path), ["name=my-model"]).name == "my-model"
