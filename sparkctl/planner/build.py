@@ -167,11 +167,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     if docker:
         c = recipe.container
         if c.hf_cache:
-            mounts.append(Mount(source=str(Path(c.hf_cache).expanduser()), target=CONTAINER_HF_CACHE))
+            mounts.append(Mount(source=_abs(c.hf_cache), target=CONTAINER_HF_CACHE))
         for mnt in c.mounts:
-            mounts.append(
-                Mount(source=str(Path(mnt.source).expanduser()), target=mnt.target, read_only=mnt.read_only)
-            )
+            mounts.append(Mount(source=_abs(mnt.source), target=mnt.target, read_only=mnt.read_only))
         container = ContainerSpec(
             image=c.image,
             name=c.name or f"sparkctl-{recipe.name}",
