@@ -51,8 +51,8 @@ CAUSES: tuple[Cause, ...] = (
     _c(
         "unsupported head_dim",
         r"head[ _]?(?:dim|size)\W.*(?:not supported|unsupported)|(?:unsupported|not supported).*head[ _]?(?:dim|size)",
-        "this attention backend does not support the model's head_dim (vLLM on the CPU needs 64, 80, 96, "
-        "112, 128, 192 or 256)",
+        "this attention backend does not support the model's head_dim (vLLM 0.32 on the CPU takes 32, 64, "
+        "80, 96, 112, 128, 160, 192, 224, 256 or 512)",
     ),
     _c(
         "no gpu",
