@@ -403,8 +403,7 @@ def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
 def test_moe_forward_has_no_host_sync(vllm_env: object) -> None:
     """exl3_moe_forward traces under FakeTensorMode: an .item(), .cpu() or a Python branch on routing values
     would raise there (data-dependent output), so the decode path never waits for the device."""
-    from sparkctl_exl3.vllm_plugin.linear import ShardWeights
-    from sparkctl_exl3.vllm_plugin.moe import ExpertWeights, exl3_moe_forward
+    from sparkctl_exl3.vllm_plugin.forward import ExpertWeights, ShardWeights, exl3_moe_forward
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     w = _moe_weights(experts=2)

@@ -24,13 +24,21 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.utils import set_weight_attrs
 
-from .. import ops, reference
 from . import settings, storage
+from .forward import Exl3LoadError, ShardWeights, exl3_linear, finish_shard, op_dtype_for
+
+__all__ = [
+    "LOADED_TENSORS",
+    "EXL3LinearMethod",
+    "Exl3LoadError",
+    "ShardWeights",
+    "exl3_linear",
+    "finish_shard",
+]
 
 logger = logging.getLogger("sparkctl_exl3.vllm_plugin")
 
@@ -44,21 +52,6 @@ LOADED_TENSORS: dict[str, torch.dtype] = {
 }
 
 _QKV_INDEX = {"q": 0, "k": 1, "v": 2}
-
-
-class Exl3LoadError(ValueError):
-    """A checkpoint that says exl3 but whose tensors cannot make a working EXL3 layer."""
-
-
-@dataclass
-class ShardWeights:
-    """One logical linear (a shard of a fused layer) after loading: what the op needs."""
-
-    trellis: torch.Tensor
-    suh: torch.Tensor
-    svh: torch.Tensor
-    codebook: str
-    bits: float
 
 
 @dataclass
@@ -84,51 +77,6 @@ def shard_names_for(prefix: str, packed: dict[str, list[str]], count: int) -> li
     if names and len(names) == count:
         return [f"{parent}.{n}" if parent else n for n in names]
     return [prefix] if count == 1 else [f"{prefix}[{i}]" for i in range(count)]
-
-
-def op_dtype_for(x: torch.Tensor) -> torch.dtype:
-    """The activation dtype handed to the op (``VLLM_EXL3_OP_DTYPE``)."""
-    mode = settings.load().op_dtype
-    if mode == "float16" or (mode == "auto" and x.is_cuda):
-        return torch.float16
-    return x.dtype
-
-
-def exl3_linear(x: torch.Tensor, w: ShardWeights, out_features: int, op_dtype: torch.dtype) -> torch.Tensor:
-    """``x . W`` for one shard: zero-extend x to the stored (128-padded) input width, then cut or zero-pad the
-    output to the width vLLM expects. Both are shape-static, so nothing here depends on tensor values."""
-    stored_in = w.suh.shape[0]
-    if x.shape[-1] < stored_in:
-        x = F.pad(x, (0, stored_in - x.shape[-1]))
-    y = ops.exl3_matmul(x.to(op_dtype), w.trellis, w.suh, w.svh, w.codebook)
-    stored_out = y.shape[-1]
-    if stored_out > out_features:
-        y = y[..., :out_features]
-    elif stored_out < out_features:
-        y = F.pad(y, (0, out_features - stored_out))
-    return y
-
-
-def finish_shard(name: str, got: dict[str, torch.Tensor]) -> ShardWeights:
-    """Validate the tensors loaded for one logical linear and decide its codebook and K.
-
-    Errors name the checkpoint module, so a user can find it in the safetensors index.
-    """
-    missing = [n for n in storage.EXL3_TENSORS if n not in got]
-    if missing:
-        present = ", ".join(f"{name}.{n}" for n in sorted(got)) or "none"
-        raise Exl3LoadError(
-            f"{name}: config.json declares quant_method exl3 but the checkpoint lacks "
-            f"{', '.join(f'{name}.{n}' for n in missing)} (found: {present}); an EXL3 layer stores "
-            f"trellis, suh and svh. Is this checkpoint really EXL3, and complete?"
-        )
-    markers = {n: got[n] for n in storage.MARKER_TENSORS if n in got}
-    try:
-        codebook = reference.codebook_of({f"{name}.{n}": t.cpu() for n, t in markers.items()})
-        bits = reference.check_layer(got["trellis"], got["suh"], got["svh"], codebook)
-    except (ValueError, TypeError) as exc:
-        raise Exl3LoadError(f"{name}: {exc}") from None
-    return ShardWeights(got["trellis"], got["suh"], got["svh"], codebook, bits)
 
 
 class EXL3LinearMethod(LinearMethodBase):

@@ -5,50 +5,31 @@ its own K. vLLM's ``RoutedExperts.load_weights`` maps those names onto ``w13_<te
 up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with the global expert id; our
 loaders keep per-expert tensors, cut for tensor parallelism on 128 boundaries.
 
-The forward is one function, :func:`exl3_moe_forward`, so a fused EXL3 MoE kernel can replace it later
-without touching the rest. Until then it runs every local expert on every token through the EXL3 GEMM op
-and weights the result by that token's routing weight for the expert (zero when not routed). That costs
-``local experts / top_k`` times the minimal work, but it has no host synchronisation and no Python branch
-on routing values: the routing tensors are only multiplied and compared, never read back, so it is safe
-under CUDA graphs and torch.compile and gives exactly the top-k weighted sum vLLM expects.
+The forward is :func:`forward.exl3_moe_forward` (one function, to be replaced by a fused kernel).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
 from . import settings, storage
-from .linear import LOADED_TENSORS, Exl3LoadError, ShardWeights, exl3_linear, finish_shard, op_dtype_for
+from .forward import ACTIVATIONS, Exl3LoadError, ExpertWeights, ShardWeights, exl3_moe_forward, finish_shard
+from .linear import LOADED_TENSORS
+
+__all__ = ["EXL3MoEMethod", "ExpertWeights", "exl3_moe_forward"]
 
 logger = logging.getLogger("sparkctl_exl3.vllm_plugin")
 
 #: vLLM's shard ids for an expert's projections and the checkpoint names they usually come from
 PROJ_NAMES = {"w1": "gate_proj (w1)", "w3": "up_proj (w3)", "w2": "down_proj (w2)"}
-
-_ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": partial(F.gelu, approximate="tanh"),
-}
-
-
-@dataclass(frozen=True)
-class ExpertWeights:
-    """One expert's three projections (``up`` is None for non-gated activations)."""
-
-    gate: ShardWeights
-    up: ShardWeights | None
-    down: ShardWeights
 
 
 @dataclass
@@ -63,38 +44,6 @@ class ExpertsPlan:
     activation: str
     loaded: dict[tuple[int, str], dict[str, torch.Tensor]] = field(default_factory=dict)
     global_ids: dict[int, int] = field(default_factory=dict)  # local -> global expert id
-
-
-def exl3_moe_forward(
-    x: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    experts: Sequence[ExpertWeights],
-    expert_ids: Sequence[int],
-    *,
-    hidden: int,
-    intermediate: int,
-    activation: str,
-    apply_router_weight_on_input: bool = False,
-) -> torch.Tensor:
-    """Top-k weighted sum of the routed experts' outputs for x [tokens, hidden] -> [tokens, hidden].
-
-    ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. The loop is over
-    the experts this rank holds (a fixed Python list), never over routing values.
-    """
-    act = _ACTIVATIONS[activation]
-    dtype = op_dtype_for(x)
-    out = torch.zeros(x.shape[0], hidden, dtype=torch.float32, device=x.device)
-    for expert, global_id in zip(experts, expert_ids, strict=True):
-        # this expert's routing weight per token, 0 where it was not chosen
-        weight = (topk_weights * (topk_ids == global_id)).sum(dim=-1, keepdim=True).to(torch.float32)
-        xe = x * weight.to(x.dtype) if apply_router_weight_on_input else x
-        h = act(exl3_linear(xe, expert.gate, intermediate, dtype).float())
-        if expert.up is not None:
-            h = h * exl3_linear(xe, expert.up, intermediate, dtype).float()
-        y = exl3_linear(h.to(dtype), expert.down, hidden, dtype).float()
-        out = out + (y if apply_router_weight_on_input else y * weight)
-    return out.to(x.dtype)
 
 
 class EXL3MoEMethod(FusedMoEMethodBase):
@@ -116,10 +65,10 @@ class EXL3MoEMethod(FusedMoEMethodBase):
     ) -> None:
         moe = layer.moe_config
         activation = moe.activation.value.removesuffix("_no_mul")
-        if activation not in _ACTIVATIONS:
+        if activation not in ACTIVATIONS:
             raise Exl3LoadError(
                 f"{self.prefix}: MoE activation {moe.activation.value!r} is not supported by the EXL3 plugin "
-                f"(supported: {', '.join(_ACTIVATIONS)})"
+                f"(supported: {', '.join(ACTIVATIONS)})"
             )
         plan = ExpertsPlan(
             prefix=self.prefix,
