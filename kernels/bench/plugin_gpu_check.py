@@ -1,0 +1,254 @@
+"""GPU check of the vLLM exl3 plugin: its layer forward on CUDA against its CPU path, on the tiny checkpoints.
+
+vLLM itself is not installed on the device machine, so this drives the functions the plugin's ``apply``
+methods run (``sparkctl_exl3.vllm_plugin.forward``: the per-shard EXL3 linear and ``exl3_moe_forward``),
+which need only torch and our ops, on every EXL3 layer of the tiny dense and MoE checkpoints written by
+``sparkctl_exl3.checkpoint`` (the same tensors ``sparkctl up tiny-exl3`` serves on the CPU):
+
+1. every linear (mixed K 2..6 and 2.5, all three codebooks, the lm_head) at 1, 4, 8 rows (the GEMV kernel's
+   range) and 33 rows (the op's fallback), CUDA vs CPU;
+2. every MoE layer's ``exl3_moe_forward`` with random top-2 routing, CUDA vs CPU;
+3. decode under CUDA graphs: one linear and one MoE layer captured at 1 row, replayed with new inputs and new
+   routing, equal to the eager CUDA result. Capture fails on any host synchronisation, so this also proves
+   the decode path has none.
+
+The CPU path is what the plugin runs on a CPU (fp32 activations through the reference decoder); the CUDA path
+is what it runs on a GPU (``VLLM_EXL3_OP_DTYPE=auto``: fp16 activations into the compiled kernel when it takes
+the shape, else the reference on the GPU). The two differ by fp16 rounding of activations and outputs, so the
+check is a relative L2 error: below 5e-3 per linear and 1e-2 per MoE layer (three chained linears), against
+about 5e-4 for one fp16 rounding. A wrong shard, K, codebook, permutation or scale gives errors of order 1.
+
+Run on a CUDA machine from the repository root (E or the coordinator, with the device tool):
+
+    python kernels/bench/plugin_gpu_check.py [--out plugin_gpu_check.json]
+
+Exit status: 0 all checks pass, 1 a check failed, 2 no CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kernels/ on the path without installing
+
+from sparkctl_exl3 import checkpoint, ops  # noqa: E402
+from sparkctl_exl3.vllm_plugin.forward import (  # noqa: E402
+    ExpertWeights,
+    ShardWeights,
+    exl3_linear,
+    exl3_moe_forward,
+    finish_shard,
+)
+
+LINEAR_TOL = 5e-3
+MOE_TOL = 1e-2
+ROWS = (1, 4, 8, 33)
+VOCAB = 640  # the tiny tokenizer's vocabulary (sparkctl.models.tiny.VOCAB_SIZE)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def groups_of(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        prefix, _, leaf = name.rpartition(".")
+        if leaf in ("trellis", "suh", "svh", "mcg", "mul1"):
+            out.setdefault(prefix, {})[leaf] = t
+    return out
+
+
+def to_cuda(w: ShardWeights) -> ShardWeights:
+    return ShardWeights(w.trellis.cuda(), w.suh.cuda(), w.svh.cuda(), w.codebook, w.bits)
+
+
+def check_linears(name: str, groups: dict[str, dict[str, torch.Tensor]], gen: torch.Generator) -> list[dict]:
+    results = []
+    for prefix, group in sorted(groups.items()):
+        cpu = finish_shard(prefix, group)
+        gpu = to_cuda(cpu)
+        in_f, out_f = cpu.suh.shape[0], cpu.svh.shape[0]
+        for rows in ROWS:
+            x = torch.randn(rows, in_f, generator=gen)
+            y_cpu = exl3_linear(x, cpu, out_f, torch.float32)
+            y_gpu = exl3_linear(x.cuda(), gpu, out_f, torch.float16)
+            torch.cuda.synchronize()
+            kernel = ops.cuda_kernel()
+            backend = (
+                "kernel"
+                if kernel is not None
+                and ops._kernel_takes(
+                    kernel, x.cuda().half(), gpu.trellis, gpu.suh, gpu.svh, ops.CODEBOOKS[cpu.codebook]
+                )
+                else "reference-on-cuda"
+            )
+            err = rel_err(y_gpu, y_cpu)
+            results.append(
+                {
+                    "model": name,
+                    "layer": prefix,
+                    "K": cpu.bits,
+                    "codebook": cpu.codebook,
+                    "rows": rows,
+                    "backend": backend,
+                    "rel_err": err,
+                    "ok": bool(err < LINEAR_TOL and torch.isfinite(y_gpu).all()),
+                }
+            )
+    return results
+
+
+def moe_layers(groups: dict[str, dict[str, torch.Tensor]]) -> dict[str, list[ExpertWeights]]:
+    layers: dict[str, dict[int, dict[str, ShardWeights]]] = {}
+    for prefix, group in groups.items():
+        if ".experts." not in prefix:
+            continue
+        head, _, rest = prefix.partition(".experts.")
+        expert, _, proj = rest.partition(".")
+        layers.setdefault(head, {}).setdefault(int(expert), {})[proj] = finish_shard(prefix, group)
+    return {
+        head: [ExpertWeights(e["w1"], e["w3"], e["w2"]) for _, e in sorted(experts.items())]
+        for head, experts in layers.items()
+    }
+
+
+def routing(tokens: int, experts: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(tokens, experts, generator=gen)
+    weights, ids = torch.softmax(logits, -1).topk(2, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids.to(torch.int32)
+
+
+def check_moe(layers: dict[str, list[ExpertWeights]], gen: torch.Generator) -> list[dict]:
+    results = []
+    for head, experts in sorted(layers.items()):
+        gpu_experts = [
+            ExpertWeights(to_cuda(e.gate), to_cuda(e.up) if e.up else None, to_cuda(e.down)) for e in experts
+        ]
+        hidden, inter = experts[0].gate.suh.shape[0], experts[0].gate.svh.shape[0]
+        ids = list(range(len(experts)))
+        for tokens in ROWS:
+            x = torch.randn(tokens, hidden, generator=gen)
+            w, i = routing(tokens, len(experts), gen)
+            kw = {"hidden": hidden, "intermediate": inter, "activation": "silu"}
+            y_cpu = exl3_moe_forward(x, w, i, experts, ids, **kw)
+            y_gpu = exl3_moe_forward(x.cuda(), w.cuda(), i.cuda(), gpu_experts, ids, **kw)
+            err = rel_err(y_gpu, y_cpu)
+            results.append(
+                {
+                    "layer": head,
+                    "tokens": tokens,
+                    "rel_err": err,
+                    "ok": bool(err < MOE_TOL and torch.isfinite(y_gpu).all()),
+                }
+            )
+    return results
+
+
+def check_cuda_graphs(linear: ShardWeights, experts: list[ExpertWeights], gen: torch.Generator) -> list[dict]:
+    """Capture a 1-row linear and a 1-token MoE step; replays with fresh inputs must equal eager CUDA runs."""
+    results = []
+    lin = to_cuda(linear)
+    in_f, out_f = lin.suh.shape[0], lin.svh.shape[0]
+    gpu_experts = [
+        ExpertWeights(to_cuda(e.gate), to_cuda(e.up) if e.up else None, to_cuda(e.down)) for e in experts
+    ]
+    hidden, inter = experts[0].gate.suh.shape[0], experts[0].gate.svh.shape[0]
+    ids = list(range(len(experts)))
+    kw = {"hidden": hidden, "intermediate": inter, "activation": "silu"}
+
+    x_lin = torch.zeros(1, in_f, device="cuda")
+    x_moe = torch.zeros(1, hidden, device="cuda")
+    w_moe = torch.zeros(1, 2, device="cuda")
+    i_moe = torch.zeros(1, 2, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture, as vLLM does before capturing
+        for _ in range(2):
+            exl3_linear(x_lin, lin, out_f, torch.float16)
+            exl3_moe_forward(x_moe, w_moe, i_moe, gpu_experts, ids, **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    g_lin, g_moe = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g_lin):
+            y_lin = exl3_linear(x_lin, lin, out_f, torch.float16)
+        with torch.cuda.graph(g_moe):
+            y_moe = exl3_moe_forward(x_moe, w_moe, i_moe, gpu_experts, ids, **kw)
+    except Exception as exc:  # a host sync or an allocation outside the caching allocator fails capture
+        return [{"check": "cuda-graph capture", "ok": False, "error": f"{type(exc).__name__}: {exc}"}]
+    for step in range(3):
+        x_lin.copy_(torch.randn(1, in_f, generator=gen))
+        x_moe.copy_(torch.randn(1, hidden, generator=gen))
+        w, i = routing(1, len(experts), gen)
+        w_moe.copy_(w)
+        i_moe.copy_(i)
+        g_lin.replay()
+        g_moe.replay()
+        eager_lin = exl3_linear(x_lin.clone(), lin, out_f, torch.float16)
+        eager_moe = exl3_moe_forward(x_moe.clone(), w_moe.clone(), i_moe.clone(), gpu_experts, ids, **kw)
+        torch.cuda.synchronize()
+        for what, graph_y, eager_y in (("linear", y_lin, eager_lin), ("moe", y_moe, eager_moe)):
+            err = rel_err(graph_y, eager_y)
+            results.append(
+                {"check": f"cuda-graph replay {what}", "step": step, "rel_err": err, "ok": err < 1e-3}
+            )
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="write the full results as JSON here")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: this check compares the plugin's CUDA path with its CPU path", file=sys.stderr)
+        return 2
+    from sparkctl_exl3 import cuda
+
+    kernel_state = "available" if cuda.available() else f"unavailable ({cuda.unavailable_reason()})"
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  EXL3 kernels: {kernel_state}")
+    gen = torch.Generator().manual_seed(args.seed)
+    t0 = time.monotonic()
+    report: dict[str, object] = {"device": torch.cuda.get_device_name(), "kernels": kernel_state}
+    linear_results: list[dict] = []
+    moe_results: list[dict] = []
+    graph_results: list[dict] = []
+    for spec in (checkpoint.DENSE, checkpoint.MOE):
+        tensors, _ = checkpoint.build_checkpoint(spec, VOCAB)
+        groups = groups_of(tensors)
+        dense = {p: g for p, g in groups.items() if ".experts." not in p}
+        linear_results += check_linears(spec.name, dense, gen)
+        layers = moe_layers(groups)
+        moe_results += check_moe(layers, gen)
+        if layers:
+            first_linear = finish_shard("lm_head", groups["lm_head"])
+            graph_results += check_cuda_graphs(first_linear, next(iter(layers.values())), gen)
+    report.update(
+        linears=linear_results, moe=moe_results, cuda_graphs=graph_results, seconds=time.monotonic() - t0
+    )
+    failures = [r for r in (*linear_results, *moe_results, *graph_results) if not r["ok"]]
+    worst_lin = max(r["rel_err"] for r in linear_results)
+    worst_moe = max(r["rel_err"] for r in moe_results)
+    backends = sorted({r["backend"] for r in linear_results})
+    print(
+        f"linears: {len(linear_results)} checks, worst rel err {worst_lin:.2e} (tol {LINEAR_TOL}), backends {backends}"
+    )
+    print(f"moe:     {len(moe_results)} checks, worst rel err {worst_moe:.2e} (tol {MOE_TOL})")
+    print(f"graphs:  {len(graph_results)} checks, {sum(r['ok'] for r in graph_results)} ok")
+    for r in failures[:20]:
+        print(f"FAIL {r}")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print("PASS" if not failures else f"FAIL: {len(failures)} check(s)")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
