@@ -95,7 +95,7 @@ def _size(n: int | None, estimate: bool = False) -> str:
     return f"{'~' if estimate else ''}{n / 1024**3:.1f} GiB"
 
 
-@click.command("list")
+@click.command("list", short_help="List the built-in recipes.")
 @json_option
 def list_cmd(as_json: bool) -> None:
     """List the built-in recipes: name, model, format, size, engine, runtime, description."""
@@ -130,7 +130,7 @@ def list_cmd(as_json: bool) -> None:
     _stdout().print(table)
 
 
-@click.command("show")
+@click.command("show", short_help="Show a recipe, its command and its memory plan.")
 @click.argument("recipe")
 @set_option
 @model_path_option
@@ -183,7 +183,7 @@ def _memory_table(m: Any, table_cls: Callable[..., Any]) -> Any:
     return table
 
 
-@click.command("render")
+@click.command("render", short_help="Print what `up` would run: shell, json or compose.")
 @click.argument("recipe")
 @click.option(
     "--format",
@@ -208,7 +208,7 @@ def render_cmd(
     _emit(text, output)
 
 
-@click.command("validate")
+@click.command("validate", short_help="Check recipe files: schema, flags and memory.")
 @click.argument("recipes", nargs=-1, required=True)
 @set_option
 @json_option
@@ -254,7 +254,7 @@ def _expand_dirs(sources: Sequence[str]) -> list[str]:
     return out
 
 
-@click.command("schema")
+@click.command("schema", short_help="Print the recipe JSON Schema.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
 def schema_cmd(output: str | None) -> None:
     """Print the recipe JSON Schema (point your editor's YAML language server at it)."""
