@@ -152,6 +152,13 @@ def show_cmd(
     from rich.syntax import Syntax
     from rich.table import Table
 
+    # blocks that cannot affect this recipe are left out of the human view (JSON keeps everything)
+    if r.engine.name != "llama.cpp":
+        resolved["serve"].pop("llama_cpp", None)
+    if r.runtime != "docker":
+        resolved.pop("container", None)
+    if r.cluster.nodes == 1 and r.cluster.tensor_parallel == 1 and r.cluster.pipeline_parallel == 1:
+        resolved.pop("cluster", None)
     out = _stdout()
     out.print(Rule(f"recipe {r.name}", align="left"))
     text = yaml.safe_dump(resolved, sort_keys=False, width=100, allow_unicode=True)

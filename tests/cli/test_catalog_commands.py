@@ -297,3 +297,13 @@ def test_compose_names_follow_the_compose_spec(name: str) -> None:
     assert re.fullmatch(r"[a-z0-9][a-z0-9_-]*", doc["name"]), doc["name"]
     for service in doc["services"]:
         assert re.fullmatch(r"[a-zA-Z0-9._-]+", service)
+
+
+def test_show_leaves_out_blocks_that_do_not_apply() -> None:
+    out = ok("show", "tiny").stdout
+    assert "llama_cpp:" not in out and "container:" not in out and "cluster:" not in out
+    two = ok("show", "glm-5.3-flash-4bpw-2x", "--set", "cluster.head_address=10.0.0.1").stdout
+    assert "cluster:" in two and "container:" in two
+    gguf = ok("show", "qwen3.8-27b-gguf").stdout
+    assert "llama_cpp:" in gguf
+    assert "llama_cpp" in json.loads(ok("show", "tiny", "--json").stdout)["recipe"]["serve"]
