@@ -649,6 +649,5 @@ def recipe_json_schema() -> dict[str, Any]:
     schema["required"] = [k for k in schema.get("required", []) if k != "name"]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://sparkctl.dev/schema/recipe-1.json",
         **schema,
     }
