@@ -95,3 +95,15 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str =
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def fake_hf_snapshot(root: Path) -> Path:
+    """The Hugging Face cache layout: snapshot files are relative links into ../../blobs."""
+    repo = root / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0123abcd").write_text('{"model_type": "llama"}')
+    snap = repo / "snapshots" / "rev1"
+    (snap / "sub").mkdir(parents=True)
+    (snap / "config.json").symlink_to("../../blobs/0123abcd")
+    (snap / "sub" / "nested.json").symlink_to("../../../blobs/0123abcd")
+    return snap

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dockerkit import free_port, host_python, make_plan, wait_for
+from dockerkit import fake_hf_snapshot, free_port, host_python, make_plan, wait_for
 
 from sparkctl.errors import RuntimeFailure
 from sparkctl.planner.types import ContainerSpec, Mount
@@ -249,20 +249,8 @@ def test_plan_without_container_settings_is_a_user_error(runtime, tmp_path) -> N
         runtime.start(plan, Path(tmp_path) / "l")
 
 
-def _fake_hf_snapshot(root: Path) -> Path:
-    """The Hugging Face cache layout: snapshot files are relative links into ../../blobs."""
-    repo = root / "hub" / "models--org--tiny"
-    (repo / "blobs").mkdir(parents=True)
-    (repo / "blobs" / "0123abcd").write_text('{"model_type": "llama"}')
-    snap = repo / "snapshots" / "rev1"
-    (snap / "sub").mkdir(parents=True)
-    (snap / "config.json").symlink_to("../../blobs/0123abcd")
-    (snap / "sub" / "nested.json").symlink_to("../../../blobs/0123abcd")
-    return snap
-
-
 def test_hf_snapshot_links_resolve_inside_the_container(runtime, tmp_path) -> None:
-    snap = _fake_hf_snapshot(tmp_path / "hf")
+    snap = fake_hf_snapshot(tmp_path / "hf")
     script = "print(open('/models/tiny/config.json').read(), open('/models/tiny/sub/nested.json').read())"
     plan = make_plan(
         "c2-hf",
@@ -278,28 +266,6 @@ def test_hf_snapshot_links_resolve_inside_the_container(runtime, tmp_path) -> No
         assert logs == ['{"model_type": "llama"} {"model_type": "llama"}']
     finally:
         runtime.stop(state)
-
-
-def test_link_target_mounts_only_when_needed(tmp_path) -> None:
-    from sparkctl.runtimes.docker import link_target_mounts
-
-    snap = _fake_hf_snapshot(tmp_path / "hf")
-    blobs = str(snap.parent.parent / "blobs")
-    assert link_target_mounts([(snap, "/models/tiny")]) == [(blobs, "/blobs")]
-    # the whole cache mounted elsewhere, snapshot addressed through it: links already resolve
-    assert link_target_mounts([(tmp_path / "hf", "/root/.cache/huggingface")]) == []
-    # absolute links get their directory mounted at the same path
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "other").write_text("x")
-    (snap / "other.json").symlink_to(tmp_path / "elsewhere" / "other")
-    elsewhere = str(tmp_path / "elsewhere")
-    assert sorted(link_target_mounts([(snap, "/models/tiny")])) == sorted(
-        [(blobs, "/blobs"), (elsewhere, elsewhere)]
-    )
-    # two snapshots whose links meet at the same container path from different blob stores: refused
-    other = _fake_hf_snapshot(tmp_path / "hf2")
-    with pytest.raises(RuntimeFailure, match="would not resolve inside the container"):
-        link_target_mounts([(snap, "/models/tiny"), (other, "/models/other")])
 
 
 def test_ulimit_the_host_refuses_gets_a_hint(runtime, tmp_path, docker_client) -> None:
