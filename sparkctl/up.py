@@ -280,7 +280,12 @@ def _existing(plan: Plan, runtime: Runtime, rep: Reporter) -> ServerState | None
     old_runtime = runtime if old.runtime == runtime.name else get_runtime(old.runtime)
     if old_runtime.is_running(old):
         if probe_health(old.base_url):
-            if old.recipe_hash != plan.recipe_hash:
+            if old.port != plan.port:
+                rep.warn(
+                    f"{plan.recipe_name} is already running on port {old.port}, not {plan.port}; "
+                    f"`sparkctl down {plan.recipe_name}` first to move it"
+                )
+            elif old.recipe_hash != plan.recipe_hash:
                 rep.warn(
                     f"{plan.recipe_name} is running with an older version of its recipe; "
                     f"`sparkctl down {plan.recipe_name}` and `up` again to apply the change"

@@ -2,6 +2,10 @@
 
 Starting vLLM costs about a minute on 2 cores, so every native end-to-end test talks to this one
 server; the module that uses it stops it in its last test and checks nothing is left behind.
+
+The start also takes the Spark's load path: `load.prewarm=always` warms the shards with 8 workers and
+`SPARKCTL_UNIFIED_MEMORY=1` makes `up` run the EvictionSteward while vLLM loads and evict once healthy,
+exactly as on a GB10, at no extra server start.
 """
 
 from __future__ import annotations
@@ -51,11 +55,23 @@ def tiny_server(tmp_path_factory) -> TinyServer:
         **os.environ,
         "SPARKCTL_STATE_DIR": str(root / "state"),
         "SPARKCTL_CACHE_DIR": str(root / "cache"),
+        "SPARKCTL_UNIFIED_MEMORY": "1",
     }
     port = free_port()
     t0 = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-m", "sparkctl", "up", "tiny", "--port", str(port), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "sparkctl",
+            "up",
+            "tiny",
+            "--port",
+            str(port),
+            "--set",
+            "load.prewarm=always",
+            "--json",
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -25,9 +25,14 @@ def test_up_reports_a_healthy_smoke_tested_endpoint(tiny_server):
     assert up["model"] == "tiny"
     assert up["smoke_tokens"] >= 1
     assert 0 < up["seconds_to_healthy"] < tiny_server.wall_s
-    for stage in ("validate", "doctor", "fetch", "launch", "health", "smoke"):
+    for stage in ("validate", "doctor", "fetch", "prewarm", "launch", "health", "smoke"):
         assert stage in up["timings_s"], stage
         assert f"✓ {stage}" in tiny_server.up_stderr
+    # The Spark load path: shards warmed by 8 workers, then evicted once the server held them.
+    assert "GiB/s, 8 workers), 100% cached" in tiny_server.up_stderr
+    assert (
+        "✓ evict    shards dropped from the page cache after load (0% still cached" in tiny_server.up_stderr
+    )
     print(f"\nup tiny: healthy after {up['seconds_to_healthy']:.1f}s (wall {tiny_server.wall_s:.1f}s)")
 
 
