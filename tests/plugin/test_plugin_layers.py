@@ -205,6 +205,19 @@ def test_fused_shards_load_and_forward(vllm_env: object) -> None:
     o, _ = attn.o_proj(x)
     torch.testing.assert_close(o, _ref(x, w["self_attn.o_proj"]))  # bias added once
 
+    # vLLM compiles the model with Dynamo (fullgraph): apply must trace without a graph break, the EXL3 op
+    # staying opaque, for any batch size
+    layer = attn.qkv_proj
+    compiled = torch.compile(
+        lambda t: layer.quant_method.apply(layer, t, layer.bias),
+        fullgraph=True,
+        backend="eager",
+        dynamic=True,
+    )
+    for rows in (1, 7):
+        xr = x[:rows].contiguous()
+        torch.testing.assert_close(compiled(xr), expected[:rows], rtol=1e-5, atol=1e-5)
+
 
 @pytest.fixture
 def fake_tp(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
@@ -398,6 +411,14 @@ def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
         ]
     )
     torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+    method = routed.quant_method
+    compiled = torch.compile(
+        lambda a, b, c: method.apply(routed, a, b, c, None, None),
+        fullgraph=True,
+        backend="eager",
+        dynamic=True,
+    )
+    torch.testing.assert_close(compiled(x, topk_weights, topk_ids), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_moe_forward_has_no_host_sync(vllm_env: object) -> None:
