@@ -229,3 +229,22 @@ def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
         assert res.returncode == 2, (args, res.stderr)
         assert text in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr
+
+
+def test_a_failing_doctor_check_stops_up_before_anything_starts(tmp_path):
+    """--force gets past the planner's refusal, but the doctor's memory check still stops the launch."""
+    res = _sparkctl(
+        tmp_path,
+        "up",
+        "tiny",
+        "--port",
+        str(free_port()),
+        "--force",
+        "--set",
+        "serve.kv_cache_memory_bytes=1000000000000",
+    )
+    assert res.returncode == 1, res.stderr
+    assert "error: doctor: memory:" in res.stderr and "does not fit" in res.stderr
+    assert "hint: " in res.stderr
+    assert not (tmp_path / "state" / "servers").exists()
+    assert not (tmp_path / "state" / "logs").exists()  # nothing was launched
