@@ -7,7 +7,7 @@ interleaved (so drift in a shared machine's load hits all of them alike), each f
 targets: prewarm >= 1.5x the single reader, >= 0.9x the disk ceiling.
 
     python bench/prewarm_bench.py                       # 4 GiB in 8 shards, 3 rounds
-    python bench/prewarm_bench.py --rounds 5 --extra   # also pread, threads vs processes, 4/16 workers
+    python bench/prewarm_bench.py --rounds 5 --extra   # also pread, threads vs processes, 1/4/16 workers
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--dir", default=None, help="where to make the shards [a temp dir under /var/tmp]")
     ap.add_argument("--keep", action="store_true", help="keep the shards (and reuse them with --dir)")
-    ap.add_argument("--extra", action="store_true", help="also time pread, processes, 4 and 16 workers")
+    ap.add_argument("--extra", action="store_true", help="also time pread, processes, 1, 4 and 16 workers")
     ap.add_argument("--json", default=None, help="write all timings to this JSON file")
     args = ap.parse_args()
 
@@ -149,6 +149,7 @@ def main() -> int:
                 files, workers=args.workers, method="pread", residency_check=False
             )
             variants[f"processes pread {args.workers}"] = lambda: processes(files, args.workers)
+            variants["prewarm 1 worker"] = lambda: warm(files, workers=1, residency_check=False)
             variants["prewarm 4 workers"] = lambda: warm(files, workers=4, residency_check=False)
             variants["prewarm 16 workers"] = lambda: warm(files, workers=16, residency_check=False)
         times: dict[str, list[float]] = {name: [] for name in variants}
