@@ -13,6 +13,7 @@ starts is left behind when `start` fails.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import posixpath
 import socket
@@ -20,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.runtimes.base import ServerState
@@ -67,15 +68,14 @@ def connect(timeout_s: float = 10.0) -> docker.DockerClient:
     socket surfaces here, as one clear line instead of a requests traceback later.
     """
     import docker
+    import requests
     from docker.errors import DockerException
 
     host = docker_host()
     try:
         client = docker.from_env(timeout=int(timeout_s) if timeout_s else None)
         client.ping()
-    except DockerException as exc:
-        raise _daemon_failure(host, exc) from None
-    except Exception as exc:  # requests/urllib3 errors that the SDK lets through
+    except (DockerException, requests.exceptions.RequestException) as exc:
         raise _daemon_failure(host, exc) from None
     return client
 
@@ -96,6 +96,33 @@ def _daemon_failure(host: str, exc: BaseException) -> RuntimeFailure:
     )
 
 
+F = TypeVar("F", bound=Any)
+
+
+def _daemon_errors(fn: F) -> F:
+    """Turn a daemon that went away mid-session into the same one-line failure `connect` gives.
+
+    The SDK lets the transport's exceptions (requests) through untouched; without this, `status` or
+    `down` run while the daemon restarts would end in a traceback.
+    """
+    import requests
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except requests.exceptions.ConnectionError as exc:
+            raise _daemon_failure(docker_host(), exc) from None
+        except requests.exceptions.Timeout:
+            raise RuntimeFailure(
+                f"Docker daemon at {docker_host()} did not answer in time",
+                hint="it may be overloaded or stuck: check `docker info` and the daemon's log",
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@_daemon_errors
 def ensure_image(image: str, client: docker.DockerClient | None = None) -> str:
     """Return the local image id of `image`, or fail with how to build or pull it.
 
@@ -205,6 +232,7 @@ class DockerRuntime:
             self._client = connect(self.timeout_s)
         return self._client
 
+    @_daemon_errors
     def check(self) -> None:
         """Fail with one line + hint unless the daemon answers (and the image, when known, is here)."""
         self._client = connect(self.timeout_s)
@@ -213,6 +241,7 @@ class DockerRuntime:
 
     # -- start --------------------------------------------------------------------------------------
 
+    @_daemon_errors
     def start(self, plan: Plan, log_path: Path) -> ServerState:
         """Create and start the container; return at once (the caller gates on health).
 
@@ -383,10 +412,12 @@ class DockerRuntime:
                 return container
         return None
 
+    @_daemon_errors
     def is_running(self, state: ServerState) -> bool:
         container = self._find(state)
         return container is not None and container.status == "running"
 
+    @_daemon_errors
     def exit_detail(self, state: ServerState) -> str | None:
         """Why the container is not running ("exited with code 2", "OOM-killed"), or None if it runs.
 
@@ -405,6 +436,7 @@ class DockerRuntime:
             detail += f": {s['Error']}"
         return detail
 
+    @_daemon_errors
     def stats(self, state: ServerState) -> dict[str, int] | None:
         """Memory in use by the container (bytes), for `status`; None when it is not running."""
         container = self._find(state)
@@ -424,6 +456,7 @@ class DockerRuntime:
 
     # -- stop ---------------------------------------------------------------------------------------
 
+    @_daemon_errors
     def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
         """Stop and remove the container, keeping its log in `state.log_path`. A gone one is fine."""
         from docker.errors import APIError, NotFound
@@ -466,18 +499,24 @@ class DockerRuntime:
 
     def logs(self, state: ServerState, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
         """Lines of the container's output; from the saved log file once the container is gone."""
-        container = self._find(state)
-        if container is None:
-            yield from _file_lines(state, tail)
-            return
-        if follow:
-            # The default client has a short read timeout; a quiet server must not end `logs -f`.
-            follow_client = connect(timeout_s=0)
-            container = follow_client.containers.get(container.id)
-        chunks = container.logs(
-            stdout=True, stderr=True, stream=True, follow=follow, tail="all" if tail is None else tail
-        )
-        yield from _split_lines(chunks)
+        import requests
+        import urllib3
+
+        try:
+            container = self._find(state)
+            if container is None:
+                yield from _file_lines(state, tail)
+                return
+            if follow:
+                # The default client has a short read timeout; a quiet server must not end `logs -f`.
+                follow_client = connect(timeout_s=0)
+                container = follow_client.containers.get(container.id)
+            chunks = container.logs(
+                stdout=True, stderr=True, stream=True, follow=follow, tail="all" if tail is None else tail
+            )
+            yield from _split_lines(chunks)
+        except (requests.exceptions.ConnectionError, urllib3.exceptions.ProtocolError) as exc:
+            raise _daemon_failure(docker_host(), exc) from None
 
 
 def link_target_mounts(binds: list[tuple[Path, str]], max_depth: int = 3) -> list[tuple[str, str]]:

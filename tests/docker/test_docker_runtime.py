@@ -297,3 +297,33 @@ def test_stats_reports_what_the_container_holds(runtime, tmp_path) -> None:
     finally:
         runtime.stop(state, timeout_s=1)
     assert runtime.stats(state) is None
+
+
+def test_daemon_gone_mid_session_is_one_clear_line(monkeypatch, tmp_path) -> None:
+    """A runtime whose daemon disappears after connecting (a client for a socket nobody serves any
+    more) reports it like `connect` does, for every call `status`, `logs` and `down` make."""
+    import docker
+
+    dead = f"unix://{tmp_path}/gone.sock"
+    monkeypatch.setenv("DOCKER_HOST", dead)
+    runtime = DockerRuntime()
+    runtime._client = docker.DockerClient(base_url=dead, version="1.41", timeout=5)
+    plan = make_plan("c2-gone", ["true"], port=free_port())
+    from sparkctl.runtimes.base import ServerState
+
+    state = ServerState(
+        recipe="c2-gone", runtime="docker", recipe_hash="h", base_url="http://127.0.0.1:1", port=1,
+        served_model_name="c2-gone", started_at=0.0, container_id="abc", container_name="sparkctl-c2-gone",
+    )  # fmt: skip
+    calls = {
+        "is_running": lambda: runtime.is_running(state),
+        "exit_detail": lambda: runtime.exit_detail(state),
+        "stats": lambda: runtime.stats(state),
+        "stop": lambda: runtime.stop(state),
+        "logs": lambda: list(runtime.logs(state, tail=5)),
+        "start": lambda: runtime.start(plan, tmp_path / "l"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeFailure) as err:
+            call()
+        assert str(err.value) == f"Docker daemon not reachable at {dead}", name
