@@ -6,6 +6,7 @@ PrewarmError here and are turned into one `error:` line by whichever front end r
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -157,7 +158,24 @@ def options_from(kwargs: dict[str, Any], *, default_workers: int = 8) -> Options
 
 
 def execute(paths: Sequence[str | os.PathLike[str]], opts: Options) -> int:
-    """Run one prewarm command; returns the exit code (0 ok, 1 a file failed or changed, 130 Ctrl-C)."""
+    """Run one prewarm command; returns the exit code (0 ok, 1 a file failed or changed, 130 Ctrl-C).
+
+    An OSError that escapes (a file removed or made unreadable between listing and reading, a report
+    path that is a directory) becomes one line, never a traceback.
+    """
+    try:
+        return _execute(paths, opts)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        cls = (
+            BadInput
+            if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR)
+            else PrewarmError
+        )
+        raise cls(f"{where}{exc.strerror or exc}") from None
+
+
+def _execute(paths: Sequence[str | os.PathLike[str]], opts: Options) -> int:
     from prewarm.files import model_files
     from prewarm.report import check_output_path
 

@@ -184,3 +184,43 @@ def test_progress_line_format() -> None:
         time.sleep(0)
     first = buf.getvalue().splitlines()[0]
     assert first == "warming: 1.00/4.00 GiB  25.0 % 0.50 GiB/s ETA 6.0 s files 2/8"
+
+
+def test_unreadable_shard_in_evict_and_status_is_one_line(disk_dir: Path) -> None:
+    shard = write_shard(disk_dir / "model.safetensors", MiB)
+    shard.chmod(0)
+    if os.geteuid() != 0:
+        for mode in ("--evict", "--status"):
+            r = run(prewarm_cmd(str(shard), mode))
+            assert r.returncode == 2 and "Permission denied" in r.stderr and "Traceback" not in r.stderr
+        return
+    # root reads anything: run the command's code in a forked child that dropped to nobody
+    from prewarm.cli import Options, execute
+    from prewarm.errors import BadInput
+
+    for mode in ("evict", "status"):
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            msg = b"no error"
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                execute([str(shard)], Options(mode=mode, progress=False, json_out=True))
+            except BadInput as exc:
+                msg = f"BadInput {exc}".encode()
+            except BaseException as exc:
+                msg = repr(exc).encode()
+            os.write(wfd, msg)
+            os._exit(0)
+        os.close(wfd)
+        with os.fdopen(rfd, "rb") as fh:
+            out = fh.read().decode()
+        os.waitpid(pid, 0)
+        assert out.startswith("BadInput") and "Permission denied" in out, (mode, out)
+
+
+def test_report_path_that_is_a_directory(model_dir: Path, tmp_path: Path) -> None:
+    r = run(prewarm_cmd(str(model_dir), "--status", "--report", str(tmp_path)))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
