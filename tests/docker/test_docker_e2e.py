@@ -333,6 +333,9 @@ def test_container_exits_early(e2e_env: Env, docker_client) -> None:
     assert "unrecognized arguments: --no-such-flag" in out  # vLLM's own words, from the last log lines
     assert "Traceback (most recent call last)" not in proc.stderr.split("error:")[-1]
     assert_nothing_left(e2e_env, docker_client, "tiny-docker-badflag")
+    # the container is gone, its log is not
+    logs = e2e_env.sparkctl("logs", "tiny-docker-badflag")
+    assert logs.returncode == 0 and "unrecognized arguments: --no-such-flag" in logs.stdout
 
 
 def test_health_timeout(e2e_env: Env, docker_client) -> None:
@@ -346,3 +349,29 @@ def test_health_timeout(e2e_env: Env, docker_client) -> None:
     assert "error: tiny-docker-slow was not healthy within 4s" in proc.stderr, out
     assert "health_timeout_s" in proc.stderr  # the hint says what to raise
     assert_nothing_left(e2e_env, docker_client, "tiny-docker-slow")
+
+
+def test_ctrl_c_during_start_up_stops_the_container(e2e_env: Env, docker_client) -> None:
+    name = "tiny-docker-interrupt"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "up", e2e_env.recipe(name), *host_overrides(),
+         "--set", f"serve.port={free_port()}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e2e_env.env, cwd=REPO,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not [
+            c for c in our_containers(docker_client) if c.labels.get(LABEL_RECIPE) == name
+        ]:
+            assert up.poll() is None, up.communicate()
+            time.sleep(0.2)
+        assert time.monotonic() < deadline, "the container never appeared"
+        time.sleep(1)  # well inside vLLM's start-up
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, err
+    assert "Traceback" not in err
+    assert_nothing_left(e2e_env, docker_client, name)
