@@ -53,6 +53,10 @@ test: install-vllm docker-engine test-image ## install everything the tests need
 test-fast: install ## unit tests only (no servers)
 	$(BIN)/python -m pytest -q -m 'not e2e'
 
+.PHONY: bench-prewarm
+bench-prewarm: install ## cold-read benchmark of prewarm: 4 GiB of shards under /var/tmp (removed after); see bench/PERF.md
+	$(BIN)/python bench/prewarm_bench.py
+
 golden: install ## after an intended recipe/planner change: regenerate tests/planner/golden and recipes/README.md
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/planner/test_golden_commands.py
 	$(BIN)/python -m sparkctl.recipe.reference > recipes/README.md.tmp && mv recipes/README.md.tmp recipes/README.md

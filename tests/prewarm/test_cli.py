@@ -224,3 +224,16 @@ def test_unreadable_shard_in_evict_and_status_is_one_line(disk_dir: Path) -> Non
 def test_report_path_that_is_a_directory(model_dir: Path, tmp_path: Path) -> None:
     r = run(prewarm_cmd(str(model_dir), "--status", "--report", str(tmp_path)))
     assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rich_progress_on_a_terminal() -> None:
+    import io
+
+    from prewarm.progress import ProgressView
+    from prewarm.warm import Progress
+
+    buf = io.StringIO()
+    with ProgressView("warming", 4 << 30, 8, stream=buf, plain=False) as view:
+        view.update(Progress(2 << 30, 4 << 30, 1.0, 4, 8))
+    text = buf.getvalue()
+    assert "warming" in text and "files 4/8" in text and "2.0/4.0 GiB" in text
