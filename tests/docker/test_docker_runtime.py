@@ -327,3 +327,18 @@ def test_daemon_gone_mid_session_is_one_clear_line(monkeypatch, tmp_path) -> Non
         with pytest.raises(RuntimeFailure) as err:
             call()
         assert str(err.value) == f"Docker daemon not reachable at {dead}", name
+
+
+def test_private_ipc_gets_the_recipes_shared_memory_size(runtime, tmp_path) -> None:
+    script = "import os; s = os.statvfs('/dev/shm'); print(s.f_blocks * s.f_frsize)"
+    plan = make_plan(
+        "c2-shm", [host_python(), "-c", script], port=free_port(), ipc_host=False, shm_size="64m"
+    )
+    state = runtime.start(plan, tmp_path / "l")
+    try:
+        wait_for(lambda: not runtime.is_running(state), what="the script to finish")
+        host_config = runtime.client.containers.get(state.container_id).attrs["HostConfig"]
+        assert host_config["IpcMode"] != "host" and host_config["ShmSize"] == 64 * 2**20
+        assert list(runtime.logs(state)) == [str(64 * 2**20)]
+    finally:
+        runtime.stop(state)
