@@ -8,6 +8,7 @@ refuse at start-up, after a 10-minute load. The planner does the same arithmetic
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +80,71 @@ def kv_element_bytes(recipe: Any) -> float:
         return 2.0  # unknown/exotic dtypes (nvfp4, turboquant, ...): assume 16-bit, an upper bound
 
 
-def kv_bytes_per_token(recipe: Any) -> int:
-    """KV bytes one token of context costs on one node, or 0 when the recipe gives no geometry."""
-    geo = recipe.model.kv
+@dataclass(frozen=True)
+class KVShape:
+    """Attention geometry read from a model's config.json (same meaning as the recipe's model.kv)."""
+
+    layers: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    mla_dim: int | None = None
+    bytes_per_token: int | None = None
+
+
+def _int(cfg: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def kv_shape_from_config(model_dir: str | None) -> KVShape | None:
+    """The KV geometry of a local Hugging Face model directory, or None when it cannot be read.
+
+    Covers the layouts our recipes serve: GQA/MHA (num_key_value_heads x head_dim), MLA (kv_lora_rank +
+    qk_rope_head_dim per layer), hybrids whose `layer_types` / `full_attention_interval` mark which
+    layers keep a KV cache, and multimodal configs that nest the language model under `text_config`.
+    """
+    if not model_dir:
+        return None
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    if layers is None:
+        return None
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        full = sum(1 for t in types if t in ("full_attention", "attention", "sliding_attention"))
+        layers = full or layers
+    elif (interval := _int(cfg, "full_attention_interval")) is not None:
+        layers = layers // interval
+    lora, rope = _int(cfg, "kv_lora_rank"), _int(cfg, "qk_rope_head_dim")
+    if lora is not None and rope is not None:
+        return KVShape(layers=layers, mla_dim=lora + rope)
+    heads = _int(cfg, "num_attention_heads", "n_head")
+    kv_heads = _int(cfg, "num_key_value_heads", "n_head_kv") or heads
+    head_dim = _int(cfg, "head_dim")
+    if head_dim is None and heads is not None and (hidden := _int(cfg, "hidden_size", "n_embd")):
+        head_dim = hidden // heads
+    if kv_heads is None or head_dim is None:
+        return None
+    return KVShape(layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+
+
+def kv_bytes_per_token(recipe: Any, shape: KVShape | None = None) -> int:
+    """KV bytes one token of context costs on one node, or 0 when the geometry is unknown.
+
+    The recipe's `model.kv` wins; `shape` (read from the model's config.json) fills in when it is unset.
+    """
+    geo = recipe.model.kv or shape
     if geo is None:
         return 0
     if geo.bytes_per_token is not None:
@@ -154,7 +217,10 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
             )
 
     overhead = mem.overhead_bytes if mem.overhead_bytes is not None else DEFAULT_OVERHEAD[device]
-    per_token = kv_bytes_per_token(recipe)
+    shape = None if recipe.model.kv is not None else kv_shape_from_config(model_path)
+    per_token = kv_bytes_per_token(recipe, shape)
+    if shape is not None and per_token:
+        notes.append(f"kv geometry from the model's config.json: {per_token:,} B/token")
     need_tokens = serve.max_model_len
 
     if recipe.engine.name == "llama.cpp":

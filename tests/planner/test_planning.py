@@ -365,3 +365,103 @@ def test_kv_dtype_typos() -> None:
         plan(load_recipe("qwen3.8-27b-gguf", ["serve.kv_cache_dtype=q8"]))
     ok = plan(load_recipe("qwen3.8-27b-gguf", ["serve.kv_cache_dtype=q8_0"]))
     assert flag(ok.argv, "--cache-type-k") == flag(ok.argv, "--cache-type-v") == "q8_0"
+
+
+# ---- KV geometry from a local model's config.json
+
+
+def write_config(directory: Path, config: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        # GQA: layers x (K, V) x kv heads x head_dim x 2 bytes (bf16)
+        (
+            {
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "hidden_size": 4096,
+            },
+            32 * 2 * 8 * 128 * 2,
+        ),
+        # MHA without num_key_value_heads, explicit head_dim
+        (
+            {"num_hidden_layers": 4, "num_attention_heads": 2, "head_dim": 64, "hidden_size": 128},
+            4 * 2 * 2 * 64 * 2,
+        ),
+        # MLA: one kv_lora_rank + rope latent per layer
+        (
+            {"num_hidden_layers": 43, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_attention_heads": 64},
+            43 * 576 * 2,
+        ),
+        # hybrid: only full-attention layers keep a KV cache
+        (
+            {
+                "num_hidden_layers": 8,
+                "layer_types": ["linear_attention"] * 3
+                + ["full_attention"]
+                + ["linear_attention"] * 3
+                + ["full_attention"],
+                "num_attention_heads": 16,
+                "num_key_value_heads": 2,
+                "head_dim": 256,
+            },
+            2 * 2 * 2 * 256 * 2,
+        ),
+        (
+            {
+                "num_hidden_layers": 48,
+                "full_attention_interval": 4,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 2,
+                "head_dim": 256,
+            },
+            12 * 2 * 2 * 256 * 2,
+        ),
+        # multimodal: the language model's config is nested
+        (
+            {
+                "architectures": ["X"],
+                "text_config": {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256},
+            },
+            2 * 2 * 4 * 64 * 2,
+        ),
+    ],
+)
+def test_kv_geometry_is_read_from_config_json(tmp_path: Path, config: dict, expected: int) -> None:
+    model = write_config(tmp_path / "m", config)
+    recipe = load_recipe("qwen3.8-flash-next")  # no model.kv in the recipe
+    m = plan(recipe, model_path=str(model), check_memory=False).memory
+    assert m.kv_bytes_per_token == expected
+    assert any("kv geometry from the model's config.json" in n for n in m.notes)
+
+
+def test_recipe_geometry_wins_over_config_json(tmp_path: Path) -> None:
+    model = write_config(
+        tmp_path / "m", {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 64}
+    )
+    m = plan(load_recipe("glm-5.3-flash"), model_path=str(model)).memory
+    assert m.kv_bytes_per_token == 43 * 576
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"num_hidden_layers": "x"}', '{"num_hidden_layers": 2}'])
+def test_unreadable_config_json_leaves_capacity_unchecked(tmp_path: Path, text: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    m = plan(load_recipe("qwen3.8-flash-next"), model_path=str(tmp_path)).memory
+    assert m.kv_bytes_per_token == 0
+    assert any("context capacity not checked" in n for n in m.notes)
+
+
+def test_config_geometry_can_refuse_a_context_that_does_not_fit(tmp_path: Path) -> None:
+    # a dense 64-layer MHA at bf16 costs 64 x 2 x 64 x 128 x 2 = 2 MiB per token: 262k tokens need 512 GiB
+    model = write_config(
+        tmp_path / "m",
+        {"num_hidden_layers": 64, "num_attention_heads": 64, "head_dim": 128, "hidden_size": 8192},
+    )
+    with pytest.raises(UserError, match="fewer than max_model_len 262,144"):
+        plan(load_recipe("qwen3.8-flash-next"), model_path=str(model))
