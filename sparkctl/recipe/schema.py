@@ -140,7 +140,11 @@ class ModelSpec(Strict):
     ]
     kv: Annotated[
         KVGeometry | None,
-        Field(default=None, description="Attention geometry, used to size the KV cache in the memory plan."),
+        Field(
+            default=None,
+            description="Attention geometry, used to size the KV cache in the memory plan. When unset, it is "
+            "read from the model's config.json once the model is local.",
+        ),
     ]
 
     @model_validator(mode="after")
