@@ -278,6 +278,11 @@ def read_files(
         halt.set()
         for t in threads:
             t.join()
+    except BaseException:  # e.g. a failing on_progress callback: never leave readers running
+        halt.set()
+        for t in threads:
+            t.join()
+        raise
     if on_progress and not interrupted:
         on_progress(run.snapshot())
     if run.fatal is not None:

@@ -174,3 +174,21 @@ def test_steward_as_context_manager_tolerates_missing_files(disk_dir: Path) -> N
         time.sleep(0.2)
     assert steward.final is not None and steward.final.residency_after < 0.01
     assert not steward.errors
+
+
+def test_a_failing_progress_callback_stops_the_readers(disk_dir: Path) -> None:
+    shard = write_shard(disk_dir / "model.safetensors", 8 * MiB)
+
+    def broken(p: Progress) -> None:
+        raise ValueError("display went away")
+
+    with pytest.raises(ValueError, match="display went away"):
+        warm(
+            [shard],
+            workers=2,
+            chunk_bytes=MiB,
+            limit_rate=4 * MiB,
+            on_progress=broken,
+            progress_interval=0.05,
+        )
+    assert not any(t.name.startswith("prewarm-") and t.is_alive() for t in threading.enumerate())
