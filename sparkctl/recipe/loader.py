@@ -31,8 +31,9 @@ def recipe_dirs() -> list[Path]:
     env = os.environ.get("SPARKCTL_RECIPES_DIR")
     if env:
         dirs.extend(Path(p) for p in env.split(os.pathsep) if p)
-    checkout = Path(__file__).resolve().parents[2] / "recipes"
-    dirs.append(checkout)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():  # a source checkout, not site-packages of an installed wheel
+        dirs.append(root / "recipes")
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
         dirs.append(Path(prefix) / "share" / "sparkctl" / "recipes")
     return [d for d in dirs if d.is_dir()]
