@@ -216,3 +216,29 @@ def test_greedy_completions_match_the_dequantized_twin(exl3_session: Session, re
         lines.append(f"  {prompt[:30]!r}: {summary}")
     print(f"\n{recipe} vs twin (twin engine start {twin['startup_s']:.0f}s):\n" + "\n".join(lines))
     assert identical >= len(PROMPTS) - 1, "more than one prompt diverged from the twin"
+
+
+def test_server_refuses_a_checkpoint_without_exl3_tensors(tmp_path: Path) -> None:
+    """The real server stops at startup with one clear line when config.json says exl3 but no tensor is EXL3.
+
+    (An unknown codebook marker fails later, in the worker's load; its message comes from the same code the
+    layer tests exercise, test_unknown_codebook_marker.)"""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed in this Python (make install-vllm)")
+    from sparkctl_exl3 import checkpoint
+
+    from sparkctl.server.ports import free_port
+
+    model = tmp_path / "not-exl3"
+    checkpoint.make_tiny_dense_twin(model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "exl3"}
+    (model / "config.json").write_text(json.dumps(cfg))
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    argv += ["--port", str(free_port()), "--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert res.returncode != 0
+    assert (
+        "config.json declares quant_method exl3 but no safetensors file holds an EXL3 tensor"
+        in res.stderr + res.stdout
+    )
