@@ -40,13 +40,13 @@ def _stderr() -> Any:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _stdout() -> Any:
-    """A console for data; when piped, wide enough that table rows do not fold into unreadable columns."""
+def _stdout(*, wide: bool = False) -> Any:
+    """A console for data. `wide`: when piped, 200 columns so table rows do not fold into narrow cells."""
     import sys
 
     from rich.console import Console
 
-    width = None if sys.stdout.isatty() else 200
+    width = 200 if wide and not sys.stdout.isatty() else None
     return Console(highlight=False, width=width)
 
 
@@ -127,7 +127,7 @@ def list_cmd(as_json: bool) -> None:
         table.add_row(
             e.name, e.model, fmt, _size(e.size_bytes, e.size_is_estimate), e.engine, runtime, e.description
         )
-    _stdout().print(table)
+    _stdout(wide=True).print(table)
 
 
 @click.command("show", short_help="Show a recipe, its command and its memory plan.")
@@ -162,13 +162,17 @@ def show_cmd(
     out = _stdout()
     out.print(Rule(f"recipe {r.name}", align="left"))
     text = yaml.safe_dump(resolved, sort_keys=False, width=100, allow_unicode=True)
-    out.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
+    if out.is_terminal:
+        out.print(Syntax(text, "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
+    else:
+        out.print(text, markup=False, highlight=False, soft_wrap=True, end="")
     out.print(Rule("command", align="left"))
-    out.print(render_shell(p), markup=False, highlight=False)
+    # soft_wrap: never insert line breaks into the command, so it stays copy-pasteable at any width
+    out.print(render_shell(p), markup=False, highlight=False, soft_wrap=True, end="")
     out.print(Rule("memory plan", align="left"))
     out.print(_memory_table(p.memory, Table))
     for note in (*p.memory.notes, *p.notes):
-        out.print(f"  - {note}", markup=False)
+        out.print(f"  - {note}", markup=False, soft_wrap=True)
     _warn(p)
 
 

@@ -307,3 +307,11 @@ def test_show_leaves_out_blocks_that_do_not_apply() -> None:
     gguf = ok("show", "qwen3.8-27b-gguf").stdout
     assert "llama_cpp:" in gguf
     assert "llama_cpp" in json.loads(ok("show", "tiny", "--json").stdout)["recipe"]["serve"]
+
+
+def test_show_prints_the_command_exactly_as_render_does() -> None:
+    """At 80 columns rich would fold long lines; the command in `show` must stay copy-pasteable."""
+    shown = ok("show", "glm-5.3-flash").stdout
+    rendered = ok("render", "glm-5.3-flash").stdout
+    assert rendered in shown
+    assert any(len(line) > 80 for line in rendered.splitlines())  # the case that used to fold
