@@ -1,0 +1,499 @@
+"""EXL3 kernel harness: build, check every kernel against the reference decoder, then time it.
+
+One command for the GPU machine (see kernels/PERF.md for the exact invocations and the results):
+
+    python kernels/bench/run.py --vectors .device/vectors_gemv.safetensors --out $OUT
+
+Steps, each printed and also written to ``<out>/bench.json``:
+1. build the torch extension (``sparkctl_exl3.cuda``) and report how long it took;
+2. correctness, per registered kernel: the shared vectors (exllamav3's own y = x.W, and our reference decoder),
+   fresh random shapes for every rate and codebook and 1..8 rows (plus >8 rows through grouping), outputs taken
+   from memory poisoned with NaN, forced split-K variants, repeated calls (determinism), and CUDA-graph replay;
+3. timing with CUDA graphs (each graph holds many calls over rotated weight sets larger than L2, so the numbers
+   are HBM numbers), against the same-shape dense fp16 ``torch.matmul`` and against the memory-bandwidth floor
+   of the bytes the kernel must read, printing a table.
+
+Later kernels plug in by adding a :class:`KernelSpec` to :data:`KERNELS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sparkctl_exl3 import reference  # noqa: E402
+
+CODEBOOKS = reference.CODEBOOKS  # ("3inst", "mcg", "mul1"), index = codebook id
+RATES_K2 = (2, 4, 6, 8, 10, 12, 14, 16, 3, 5, 7)  # twice the bits per weight; odd = half-integer (mul1 only)
+HBM_PEAK_GBS = 4800.0  # H200 datasheet; the measured copy bandwidth is reported next to it
+REL_TOL = 1e-3  # SPEC/VECTORS: y within 1e-3 relative error
+# exllamav3 computed these y1 with its int8-activation GEMV (SPEC 5, exl3_gemv_int8): they differ from the exact
+# x1.W by about 6e-3, so against them the bar is 1e-2 (and 1e-3 against our reference, as everywhere).
+INT8_GEMV_Y1 = {"r.mul1.K2", "r.mul1.K4", "q.mul1.K4.big"}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.double(), b.double()
+    if not torch.isfinite(a64).all():
+        return math.inf
+    return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
+
+
+def k2_label(k2: int) -> str:
+    return str(k2 // 2) if k2 % 2 == 0 else f"{k2 / 2:.1f}"
+
+
+def random_layer(
+    in_f: int, out_f: int, k2: int, gen: torch.Generator, device: str
+) -> tuple[torch.Tensor, ...]:
+    """A random EXL3 layer: any int16 bit pattern is a valid trellis (SPEC 2.2); suh/svh of realistic size."""
+    last = 8 * k2
+    trellis = torch.randint(-32768, 32768, (in_f // 16, out_f // 16, last), generator=gen, dtype=torch.int32)
+    trellis = trellis.to(torch.int16).to(device)
+    suh = (torch.randn(in_f, generator=gen) * 0.05).half().to(device)
+    svh = (torch.randn(out_f, generator=gen) * 0.05).half().to(device)
+    return trellis, suh, svh
+
+
+def poisoned_call(
+    fn: Callable[[], torch.Tensor], rows: int, cols: int, device: str
+) -> tuple[torch.Tensor, bool]:
+    """Run fn after leaving a NaN-filled block of the output's size in torch's cache, so an unwritten element
+    shows up as NaN; returns (output, whether the output really landed in the poisoned block)."""
+    poison = torch.full((rows, cols), float("nan"), dtype=torch.float16, device=device)
+    ptr = poison.data_ptr()
+    del poison
+    y = fn()
+    return y, y.data_ptr() == ptr
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Registry
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    kernel: str
+    case: str
+    err: float
+    tol: float
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.err <= self.tol
+
+
+@dataclass
+class TimeResult:
+    kernel: str
+    shape: str
+    bits: str
+    codebook: str
+    rows: int
+    ksplit: int
+    us: float
+    dense_us: float
+    floor_us: float
+    bytes_read: int
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class KernelSpec:
+    """One kernel under test: how to check it and how to time it."""
+
+    name: str
+    check: Callable[[argparse.Namespace], Iterator[CheckResult]]
+    bench: Callable[[argparse.Namespace], Iterator[TimeResult]]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GEMV
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
+    from sparkctl_exl3 import cuda
+
+    dev = "cuda"
+    # 1. shared vectors: exllamav3's y and our reference, every layer, every x batch
+    if args.vectors and Path(args.vectors).exists():
+        from safetensors.torch import load_file
+
+        vec = load_file(args.vectors)
+        tags = sorted({k.rsplit(".", 1)[0] for k in vec if k.endswith(".trellis")})
+        for tag in tags:
+            layer = {k.rsplit(".", 1)[1]: v for k, v in vec.items() if k.rsplit(".", 1)[0] == tag}
+            cb = reference.codebook_of(layer)
+            cb_id = CODEBOOKS.index(cb)
+            trellis, suh, svh = (layer[n].to(dev) for n in ("trellis", "suh", "svh"))
+            for xname in sorted(n for n in layer if n.startswith("x")):
+                x = layer[xname].to(dev)
+                y_ref_exl = layer["y" + xname[1:]].to(dev)
+                y, landed = poisoned_call(
+                    partial(cuda.gemv, x, trellis, suh, svh, cb_id), x.shape[0], svh.numel(), dev
+                )
+                y_ref = reference.matmul(x, trellis, suh, svh, cb)
+                note = "" if landed else "(output not in poisoned block)"
+                tol = 1e-2 if (xname == "x1" and tag in INT8_GEMV_Y1) else REL_TOL
+                yield CheckResult(
+                    "gemv", f"vectors {tag} {xname} vs exllamav3", rel_err(y, y_ref_exl), tol, note
+                )
+                yield CheckResult(
+                    "gemv", f"vectors {tag} {xname} vs reference", rel_err(y, y_ref), REL_TOL, note
+                )
+    else:
+        yield CheckResult("gemv", f"vectors file missing: {args.vectors}", math.inf, REL_TOL)
+
+    # 2. fresh random layers: every rate x codebook, rows 1..8, assorted shapes, forced split-K
+    gen = torch.Generator().manual_seed(args.seed)
+    shapes = [(128, 128), (256, 384), (640, 256), (1024, 1152), (2176, 512), (4096, 1024)]
+    for k2 in RATES_K2:
+        for cb_id, cb in enumerate(CODEBOOKS):
+            if k2 % 2 and cb != "mul1":
+                continue
+            for si, (in_f, out_f) in enumerate(shapes):
+                trellis, suh, svh = random_layer(in_f, out_f, k2, gen, dev)
+                w = reference.weight(trellis, suh, svh, cb).float()
+                rows_list = [1 + (si + k2 + cb_id) % 8, 8] if si < len(shapes) - 1 else list(range(1, 9))
+                for rows in rows_list:
+                    x = (torch.randn(rows, in_f, generator=gen)).half().to(dev)
+                    y_ref = x.float() @ w
+                    n_k = in_f // 128
+                    for ks in sorted({0, 1, min(n_k, 3), n_k}):
+                        if ks and ks < (n_k + 15) // 16:
+                            continue
+                        y, landed = poisoned_call(
+                            partial(cuda.gemv, x, trellis, suh, svh, cb_id, ksplit=ks), rows, out_f, dev
+                        )
+                        case = (
+                            f"random {in_f}x{out_f} K={k2_label(k2)} {cb} rows={rows} ksplit={ks or 'auto'}"
+                        )
+                        yield CheckResult(
+                            "gemv", case, rel_err(y, y_ref), REL_TOL, "" if landed else "(not poisoned)"
+                        )
+                        if ks == 0:
+                            y2 = cuda.gemv(x, trellis, suh, svh, cb_id)
+                            same = torch.equal(y, y2)
+                            yield CheckResult(
+                                "gemv", case + " repeat bit-identical", 0.0 if same else math.inf, 0.0
+                            )
+
+    # 3. grouping (>8 rows), the torch op, CUDA graph replay
+    trellis, suh, svh = random_layer(1024, 2048, 8, gen, dev)
+    w = reference.weight(trellis, suh, svh, "mul1").float()
+    for rows in (9, 17, 33):
+        x = torch.randn(rows, 1024, generator=gen).half().to(dev)
+        y = cuda.gemv(x, trellis, suh, svh, 2)
+        yield CheckResult(
+            "gemv", f"grouped rows={rows} 1024x2048 K=4 mul1", rel_err(y, x.float() @ w), REL_TOL
+        )
+    try:
+        from sparkctl_exl3 import ops
+
+        x = torch.randn(3, 1024, generator=gen).half().to(dev)
+        y = torch.ops.sparkctl_exl3.exl3_gemm(x, trellis, suh, svh, 2)
+        used = ops.cuda_kernel() is not None
+        yield CheckResult(
+            "gemv", f"torch op exl3_gemm (kernel used: {used})", rel_err(y, x.float() @ w), REL_TOL
+        )
+    except ImportError as exc:
+        yield CheckResult("gemv", f"torch op unavailable: {exc}", 0.0, REL_TOL, "skipped")
+    x = torch.randn(2, 1024, generator=gen).half().to(dev)
+    static_x = x.clone()
+    cuda.gemv(static_x, trellis, suh, svh, 2)  # warm-up outside capture (allocator, counters)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = cuda.gemv(static_x, trellis, suh, svh, 2)
+    for _ in range(3):
+        fresh = torch.randn(2, 1024, generator=gen).half().to(dev)
+        static_x.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        yield CheckResult(
+            "gemv", "CUDA graph replay 2x1024x2048 K=4 mul1", rel_err(static_y, fresh.float() @ w), REL_TOL
+        )
+
+    # 4. errors surface as Python exceptions with a message
+    for label, call in [
+        ("fp32 x", lambda: cuda.gemv(x.float(), trellis, suh, svh, 2)),
+        ("bad codebook", lambda: cuda.gemv(x, trellis, suh, svh, 5)),
+        ("wrong I", lambda: cuda.gemv(x[:, :512].contiguous(), trellis, suh, svh, 2)),
+    ]:
+        try:
+            call()
+            yield CheckResult("gemv", f"error case '{label}' did not raise", math.inf, 0.0)
+        except (RuntimeError, ValueError) as exc:
+            yield CheckResult(
+                "gemv", f"error case '{label}' raised: {str(exc).splitlines()[0][:90]}", 0.0, 0.0
+            )
+
+
+def _graph_time_us(
+    make_call: Callable[[int], Callable[[], object]], n_sets: int, calls: int, reps: int
+) -> float:
+    """Median time of one call, from CUDA-graph replays of `calls` calls cycling over `n_sets` input sets."""
+    fns = [make_call(i % n_sets) for i in range(calls)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns[: 2 * n_sets]:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):  # same stream as the warm-up: the kernels' counters already exist
+        for f in fns:
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000.0 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
+    from sparkctl_exl3 import cuda
+
+    dev = "cuda"
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    shapes = [(4096, 14336), (14336, 4096)] + ([(4096, 4096), (8192, 28672)] if args.full else [])
+    rates = [int(2 * float(k)) for k in args.bits.split(",")]
+    cbs = args.codebooks.split(",")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    dense_cache: dict[tuple[int, int, int], float] = {}
+    for in_f, out_f in shapes:
+        # enough distinct weight sets that one pass over them is several times the L2
+        for k2 in rates:
+            bytes_w = in_f * out_f * k2 // 16
+            n_sets = max(2, min(24, math.ceil(4 * l2 / bytes_w)))
+            layers = [random_layer(in_f, out_f, k2, gen, dev) for _ in range(n_sets)]
+            for cb in cbs:
+                if k2 % 2 and cb != "mul1":
+                    continue
+                cb_id = CODEBOOKS.index(cb)
+                for rows in rows_list:
+                    xs = [torch.randn(rows, in_f, generator=gen).half().to(dev) for _ in range(n_sets)]
+                    splits = [0]
+                    if args.sweep and rows == 1:
+                        n_k = in_f // 128
+                        splits += [
+                            s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 28, 32) if (n_k + 15) // 16 <= s <= n_k
+                        ]
+                    auto_ks = cuda.gemv_ksplit(rows, in_f, out_f, k2, cb_id)
+                    for ks in splits:
+
+                        def make(
+                            i: int, ks: int = ks, layers: list = layers, xs: list = xs, cb_id: int = cb_id
+                        ) -> Callable[[], object]:
+                            return partial(cuda.gemv, xs[i], *layers[i], cb_id, ksplit=ks)
+
+                        us = _graph_time_us(make, n_sets, args.calls, args.reps)
+                        extra: dict = {"sweep": ks != 0}
+                        if args.ab_pdl and ks == 0:
+                            os.environ["SPARKCTL_EXL3_NO_PDL"] = "1"
+                            try:
+                                extra["no_pdl_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
+                            finally:
+                                del os.environ["SPARKCTL_EXL3_NO_PDL"]
+                        key = (in_f, out_f, rows)
+                        if key not in dense_cache:
+                            n_dense = max(2, math.ceil(4 * l2 / (in_f * out_f * 2)))
+                            ws = [
+                                torch.randn(in_f, out_f, generator=gen).half().to(dev) for _ in range(n_dense)
+                            ]
+                            xd = [
+                                torch.randn(rows, in_f, generator=gen).half().to(dev) for _ in range(n_dense)
+                            ]
+
+                            def make_dense(i: int, xd: list = xd, ws: list = ws) -> Callable[[], object]:
+                                return partial(torch.matmul, xd[i], ws[i])
+
+                            dense_cache[key] = _graph_time_us(make_dense, n_dense, args.calls, args.reps)
+                            del ws, xd
+                        bytes_read = bytes_w + 2 * (in_f + out_f) + 2 * rows * (in_f + out_f)
+                        floor_us = bytes_read / (HBM_PEAK_GBS * 1e3)
+                        yield TimeResult(
+                            "gemv",
+                            f"{in_f}x{out_f}",
+                            k2_label(k2),
+                            cb,
+                            rows,
+                            ks or auto_ks,
+                            us,
+                            dense_cache[key],
+                            floor_us,
+                            bytes_read,
+                            extra,
+                        )
+            layers.clear()
+            torch.cuda.empty_cache()
+
+
+KERNELS: dict[str, KernelSpec] = {"gemv": KernelSpec("gemv", _gemv_check, _gemv_bench)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Driver
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _machine() -> dict:
+    info = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+    }
+    try:
+        q = "clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,driver_version"
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        info["nvidia_smi"] = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        info["nvidia_smi"] = f"unavailable: {exc}"
+    return info
+
+
+def _copy_bandwidth_gbs() -> float:
+    """Device-to-device copy of 2 GiB, bytes read + written over time: the practical HBM ceiling."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.int16, device="cuda").random_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    stop.record()
+    stop.synchronize()
+    ms = start.elapsed_time(stop) / 10
+    del a, b
+    return 2 * 2 * n / (ms * 1e6)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--vectors", default=str(Path(__file__).resolve().parents[3] / "shared/exl3/vectors.safetensors")
+    )
+    p.add_argument("--out", default=os.environ.get("OUT", "kernels/build/bench"))
+    p.add_argument("--kernels", default=",".join(KERNELS))
+    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--skip-bench", action="store_true")
+    p.add_argument("--bits", default="2,3,4", help="comma list of bits per weight to time")
+    p.add_argument("--codebooks", default="mul1,3inst")
+    p.add_argument("--rows", default="1,8")
+    p.add_argument("--sweep", action="store_true", help="also time every split-K for 1 row")
+    p.add_argument("--full", action="store_true", help="more shapes")
+    p.add_argument("--ab-pdl", action="store_true", help="also time each case with programmatic launch off")
+    p.add_argument("--calls", type=int, default=48, help="calls per CUDA graph")
+    p.add_argument("--reps", type=int, default=15, help="graph replays (median)")
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: no CUDA device; this harness runs on the GPU machine", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"machine": _machine(), "args": vars(args)}
+    print("machine:", json.dumps(report["machine"]), flush=True)
+
+    from sparkctl_exl3 import cuda
+
+    t0 = time.time()
+    ok = cuda.available()
+    report["build_s"] = round(time.time() - t0, 1)
+    print(f"build: {'ok' if ok else 'FAILED'} in {report['build_s']} s ({cuda.build_dir()})", flush=True)
+    if not ok:
+        print(cuda.unavailable_reason(), file=sys.stderr)
+        (out / "bench.json").write_text(json.dumps(report, indent=1))
+        return 1
+    report["copy_gbs"] = round(_copy_bandwidth_gbs(), 1)
+    print(f"device copy bandwidth: {report['copy_gbs']} GB/s (read + write)", flush=True)
+
+    failures = 0
+    checks = []
+    log = (out / "checks.log").open("w")
+    selected = [KERNELS[name] for name in args.kernels.split(",")]
+    if not args.skip_check:
+        for spec in selected:
+            for r in spec.check(args):
+                checks.append(r.__dict__ | {"ok": r.ok})
+                print(
+                    f"  check {'ok  ' if r.ok else 'FAIL'} {r.case}: {r.err:.3g} {r.note}",
+                    file=log,
+                    flush=True,
+                )
+                if not r.ok:
+                    failures += 1
+                    print(f"FAIL {r.kernel}: {r.case}: err {r.err:.3g} > {r.tol:g} {r.note}", flush=True)
+        worst = max((c["err"] for c in checks if math.isfinite(c["err"])), default=0.0)
+        print(f"checks: {len(checks)} run, {failures} failed, worst finite rel err {worst:.3g}", flush=True)
+    report["checks"] = checks
+    report["check_failures"] = failures
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+
+    times = []
+    if not args.skip_bench:
+        for spec in selected:
+            for t in spec.bench(args):
+                times.append(t.__dict__)
+                print(
+                    f"  {t.kernel} {t.shape:>11} K={t.bits:>3} {t.codebook:5} rows={t.rows} ks={t.ksplit:>2}"
+                    f"{' (sweep)' if t.extra.get('sweep') else ''}: {t.us:7.2f} us  dense {t.dense_us:7.2f} us"
+                    f"  x{t.dense_us / t.us:5.2f}  floor {t.floor_us:6.2f} us ({100 * t.floor_us / t.us:5.1f}%)"
+                    + (f"  no-PDL {t.extra['no_pdl_us']:.2f} us" if "no_pdl_us" in t.extra else ""),
+                    flush=True,
+                )
+        report["times"] = times
+        (out / "bench.json").write_text(json.dumps(report, indent=1))
+        print(
+            "\n| kernel | shape (IxO) | bits | codebook | rows | ksplit | us | dense fp16 us | speedup | floor us | % of floor |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for t in times:
+            if t["extra"].get("sweep"):
+                continue
+            print(
+                f"| {t['kernel']} | {t['shape']} | {t['bits']} | {t['codebook']} | {t['rows']} | {t['ksplit']} | "
+                f"{t['us']:.2f} | {t['dense_us']:.2f} | {t['dense_us'] / t['us']:.2f}x | {t['floor_us']:.2f} | "
+                f"{100 * t['floor_us'] / t['us']:.0f}% |"
+            )
+    report["machine_after"] = _machine()
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+// torch binding of the EXL3 kernels: shape/dtype checks with readable errors, scratch allocation, launch.
+//
+// Built on a CUDA machine by torch.utils.cpp_extension (see sparkctl_exl3/cuda.py); the kernels themselves live
+// in plain .cu files behind a C ABI (exl3_gemv.h) so they also build without torch.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include "exl3_gemv.h"
+
+namespace {
+
+constexpr int64_t kMaxRows = 8;
+
+// Messages are built from std::string only: streaming an integer into TORCH_CHECK's message crashed inside the
+// extension on the device (torch 2.11 cu130, libstdc++ mismatch in ostream::_M_insert<long>).
+std::string num(int64_t v) { return std::to_string(v); }
+// Bits per weight from k2 (twice the bits): "4" or "2.5".
+std::string bits_str(int64_t k2) { return std::to_string(k2 / 2) + (k2 % 2 ? ".5" : ""); }
+std::string dims(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+std::string dtype_name(const torch::Tensor& t) { return std::string(c10::toString(t.scalar_type())); }
+
+// Twice the bits per weight from the trellis' last dimension (16*K, or 16*KA + 8 for K = KA + 0.5).
+int64_t k2_of(const torch::Tensor& trellis) {
+  const int64_t last = trellis.size(2);
+  TORCH_CHECK(last > 0 && last % 8 == 0, "EXL3 GEMV: trellis last dimension must be 16*K (or 16*K+8 for half-integer K), got " + num(last));
+  return last / 8;
+}
+
+void check_inputs(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Tensor& suh, const torch::Tensor& svh,
+                  int64_t codebook) {
+  TORCH_CHECK(x.is_cuda() && trellis.is_cuda() && suh.is_cuda() && svh.is_cuda(),
+              "EXL3 GEMV: x, trellis, suh and svh must all be CUDA tensors");
+  TORCH_CHECK(x.device() == trellis.device() && suh.device() == trellis.device() && svh.device() == trellis.device(),
+              "EXL3 GEMV: x, trellis, suh and svh must be on one device");
+  TORCH_CHECK(x.scalar_type() == torch::kHalf, "EXL3 GEMV: x must be float16, got " + dtype_name(x));
+  TORCH_CHECK(trellis.scalar_type() == torch::kShort, "EXL3 GEMV: trellis must be int16, got " + dtype_name(trellis));
+  TORCH_CHECK(suh.scalar_type() == torch::kHalf && svh.scalar_type() == torch::kHalf, "EXL3 GEMV: suh and svh must be float16");
+  TORCH_CHECK(trellis.dim() == 3, "EXL3 GEMV: trellis must be [I/16, O/16, 16*K], got " + dims(trellis));
+  TORCH_CHECK(trellis.is_contiguous(), "EXL3 GEMV: trellis must be contiguous");
+  TORCH_CHECK(x.dim() == 2, "EXL3 GEMV: x must be 2-D [rows, I], got " + dims(x));
+  const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
+  TORCH_CHECK(in_features % 128 == 0 && out_features % 128 == 0,
+              "EXL3 GEMV: in and out features must be multiples of 128, got " + num(in_features) + " x " + num(out_features));
+  TORCH_CHECK(x.size(1) == in_features, "EXL3 GEMV: x has " + num(x.size(1)) + " features but the trellis has " + num(in_features));
+  TORCH_CHECK(suh.dim() == 1 && suh.size(0) == in_features, "EXL3 GEMV: suh must be [" + num(in_features) + "], got " + dims(suh));
+  TORCH_CHECK(svh.dim() == 1 && svh.size(0) == out_features, "EXL3 GEMV: svh must be [" + num(out_features) + "], got " + dims(svh));
+  TORCH_CHECK(codebook >= 0 && codebook <= 2, "EXL3 GEMV: codebook_id must be 0 (3inst), 1 (mcg) or 2 (mul1), got " + num(codebook));
+  const int64_t k2 = k2_of(trellis);
+  TORCH_CHECK(k2 >= 2 && k2 <= 16, "EXL3 GEMV: unsupported bits per weight " + bits_str(k2) + " (1..8, or 1.5/2.5/3.5 with mul1)");
+  TORCH_CHECK(k2 % 2 == 0 || (codebook == 2 && k2 <= 7), "EXL3 GEMV: " + bits_str(k2) +
+                  " bits per weight is only defined for the mul1 codebook at 1.5, 2.5 or 3.5");
+}
+
+// Returns a copy when t's data is not 16-byte aligned (a view into a larger buffer); the kernel reads 16-byte units.
+torch::Tensor aligned(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0) return c;
+  return c.clone(at::MemoryFormat::Contiguous);
+}
+
+// y = x . W for 2-D fp16 x. `counters` is int32 scratch of at least O/128 zeros that the kernel leaves zeroed
+// (kept by the Python side per device and stream); `ksplit` 0 picks the split automatically.
+torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, torch::Tensor svh, int64_t codebook,
+                   torch::Tensor counters, int64_t ksplit) {
+  check_inputs(x, trellis, suh, svh, codebook);
+  const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
+  TORCH_CHECK(counters.is_cuda() && counters.device() == trellis.device() && counters.scalar_type() == torch::kInt &&
+                  counters.is_contiguous() && counters.numel() >= out_features / 128,
+              "EXL3 GEMV: counters must be a contiguous int32 CUDA tensor of at least O/128 elements on the same device");
+  TORCH_CHECK(ksplit >= 0, "EXL3 GEMV: ksplit must be >= 0 (0 = automatic)");
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const torch::Tensor xa = aligned(x), ta = aligned(trellis), sa = aligned(suh), va = aligned(svh);
+  const int64_t rows = x.size(0);
+  torch::Tensor y = torch::empty({rows, out_features}, x.options());
+  if (rows == 0) return y;
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+    const int64_t m = std::min(kMaxRows, rows - r0);
+    Exl3GemvParams p{};
+    p.x = static_cast<const at::Half*>(xa.data_ptr()) + r0 * in_features;
+    p.trellis = ta.data_ptr();
+    p.suh = sa.data_ptr();
+    p.svh = va.data_ptr();
+    p.y = static_cast<at::Half*>(y.data_ptr()) + r0 * out_features;
+    p.counters = counters.data_ptr<int>();
+    p.m = static_cast<int>(m);
+    p.in_features = static_cast<int>(in_features);
+    p.out_features = static_cast<int>(out_features);
+    p.k2 = static_cast<int>(k2_of(trellis));
+    p.codebook = static_cast<int>(codebook);
+    p.ksplit = static_cast<int>(ksplit);
+    int ks = 0;
+    size_t partial_floats = 0;
+    int st = exl3_gemv_plan(&p, &ks, &partial_floats);
+    TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+    torch::Tensor partials;
+    if (partial_floats > 0) {
+      partials = torch::empty({static_cast<int64_t>(partial_floats)}, x.options().dtype(torch::kFloat));
+      p.partials = partials.data_ptr<float>();
+    }
+    p.ksplit = ks;
+    st = exl3_gemv_launch(&p, stream);
+    TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+  }
+  return y;
+}
+
+// The split-K the kernel would use for this shape on the current device (for the bench's tables).
+int64_t gemv_ksplit(int64_t rows, int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook) {
+  Exl3GemvParams p{};
+  p.m = static_cast<int>(std::min(kMaxRows, rows));
+  p.in_features = static_cast<int>(in_features);
+  p.out_features = static_cast<int>(out_features);
+  p.k2 = static_cast<int>(k2);
+  p.codebook = static_cast<int>(codebook);
+  int ks = 0;
+  size_t partial_floats = 0;
+  const int st = exl3_gemv_plan(&p, &ks, &partial_floats);
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+  return ks;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "sparkctl EXL3 CUDA kernels";
+  m.def("gemv", &gemv, "y = x . W for an EXL3 layer, 1..8 rows per launch (more rows are launched in groups of 8)",
+        py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook_id"), py::arg("counters"),
+        py::arg("ksplit") = 0);
+  m.def("gemv_ksplit", &gemv_ksplit, "the automatic split-K for a shape on the current device", py::arg("rows"),
+        py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
+}

@@ -1,0 +1,596 @@
+// EXL3 GEMV for 1..8 rows: y[m, O] = x[m, I] . W with W = diag(suh) . H . W_hat . H . diag(svh) (SPEC 4).
+//
+// Written for sm_121 (GB10: mma.sync m16n8k16, cp.async; no wgmma/TMA) and checked on sm_90 (the same path).
+// Plain CUDA, no torch headers: `make kernels` and CI build this file with nvcc alone (see exl3_gemv.h).
+//
+// How it works (kernels/README.md has the long form):
+// * The GEMV is computed transposed, y^T = W_hat^T . x'^T, so that a 16x16 trellis tile is the mma A operand
+//   (16 output columns x 16 inputs) and the up-to-8 input rows are the n8 B operand. A lane's 8 trellis positions
+//   (SPEC 3) are exactly its A-fragment elements, so each lane decodes its own 8 weights straight into registers.
+// * Block = 8 warps on one 128-wide column chunk and a contiguous slice of 128-row input chunks (split-K).
+//   Each warp streams 16-row slabs (8 tiles = 128 columns, 128*k2 contiguous bytes) through a private cp.async
+//   ring in shared memory, with no block barriers in the main loop.
+// * The input side (x * suh, then the 128-point Hadamard) is computed per block into shared memory, already in
+//   B-fragment order. The output side (Hadamard, then * svh) runs once per column chunk in the block that
+//   finishes last (a counter per chunk; the partial sums of the other slices come through global memory in a
+//   fixed order, so results are deterministic), which also rounds to fp16.
+
+#include "exl3_gemv.h"
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+namespace exl3 {
+
+constexpr int kWarps = 8;                  // warps per block
+constexpr int kThreads = kWarps * 32;      // threads per block
+constexpr int kMaxRows = 8;                // the mma n8 dimension holds up to 8 input rows
+constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bounds the x' shared memory)
+constexpr int kRedStride = 132;            // fp32 row stride of the per-warp reduction buffer (bank-conflict pad)
+constexpr float kHadScale = 0.08838834764831845f;  // 1/sqrt(128)
+
+// Geometry of one rate. K2 = twice the bits per weight, so half-integer rates (mul1 1.5/2.5/3.5) fit one template.
+template <int K2>
+struct Rate {
+  // Bits carried by trellis position j (SPEC 2.5: odd positions take the extra bit at half-integer rates).
+  __host__ __device__ static constexpr int width(int j) { return (K2 & 1) ? (K2 / 2 + (j & 1)) : K2 / 2; }
+  // Ring bit just past position e of a lane's 8 positions, relative to the lane's first bit.
+  __host__ __device__ static constexpr int end(int e) {
+    int s = 0;
+    for (int i = 0; i <= e; ++i) s += width(i);
+    return s;
+  }
+  // Start of state e's 16-bit window relative to the start of state 0's window.
+  __host__ __device__ static constexpr int off(int e) { return end(e) - end(0); }
+  static constexpr int kSpan = off(7) + 16;            // bits one lane needs
+  static constexpr int kRingBits = 128 * K2;           // 256 * K
+  static constexpr int kTileWords = 4 * K2;            // 32-bit words per 16x16 tile
+  static constexpr int kTileBytes = 16 * K2;
+  static constexpr int kSlabBytes = 8 * kTileBytes;    // 8 tiles = one 16 x 128 slab
+  static constexpr int kSlabUnits = kSlabBytes / 16;   // 16-byte cp.async units per slab
+  // A lane's window starts at bit 4*K2*lane + end(0) - 16; when 4*K2 is a multiple of 32 that offset within a
+  // word is the same for every lane and known here, so the extraction shifts become constants.
+  static constexpr bool kFixed = (K2 % 8) == 0;
+  static constexpr int kFixedO = (((end(0) - 16) % 32) + 32) % 32;
+  static constexpr int kNormWords = (kSpan + 31) / 32;
+  static constexpr int kRawWords = kFixed ? (kFixedO + kSpan + 31) / 32 : kNormWords + 1;
+  // cp.async ring depth per warp: about 4 KiB in flight per warp, 2..8 stages.
+  static constexpr int kStages = (4096 / kSlabBytes) < 2 ? 2 : ((4096 / kSlabBytes) > 8 ? 8 : (4096 / kSlabBytes));
+  static_assert(kRawWords <= kTileWords, "window longer than a tile");
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Small device helpers
+// ---------------------------------------------------------------------------------------------------------------
+
+// Trellis bytes are read once per call: .cg keeps them out of L1.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Programmatic dependent launch (sm_90+): wait until the kernel before this one has finished and its writes are
+// visible. Everything issued before this call must not depend on earlier kernels.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ __half2 u32_as_h2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+// 16 bits at bit offset OFF (MSB first) of the word sequence w[0], w[1], ...
+template <int OFF, int NW>
+__device__ __forceinline__ uint32_t bits16(const uint32_t (&w)[NW]) {
+  constexpr int q = OFF / 32;
+  constexpr int r = OFF % 32;
+  if constexpr (r + 16 <= 32) {
+    static_assert(q < NW, "window past the loaded words");
+    constexpr int sh = 16 - r;
+    if constexpr (sh == 0) return w[q] & 0xFFFFu;
+    else if constexpr (sh == 16) return w[q] >> 16;
+    else if constexpr (sh == 8) return __byte_perm(w[q], 0u, 0x4421);
+    else return (w[q] >> sh) & 0xFFFFu;
+  } else {
+    static_assert(q + 1 < NW, "window past the loaded words");
+    return __funnelshift_r(w[q + 1], w[q], 48 - r) & 0xFFFFu;
+  }
+}
+
+// Codebook hash of a 16-bit state (SPEC 2.3). For 3INST/MCG the result holds two fp16 halves still to be added;
+// for mul1 its low 16 bits are the fp16 1024 + byte sum.
+template <int CB>
+__device__ __forceinline__ uint32_t cb_hash(uint32_t s) {
+  if constexpr (CB == 0) {
+    const uint32_t x = s * 89226354u + 64248484u;
+    return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+  } else if constexpr (CB == 1) {
+    const uint32_t x = s * 0xCBAC1FEDu;
+    return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+  } else {
+    const uint32_t x = s * 0x83DCD12Du;
+    return __dp4a(x, 0x01010101u, 0x6400u);
+  }
+}
+
+// Two hashed states -> half2 of their codebook values (low half = first). One fp16 add (3INST/MCG) or one fused
+// fp16 FMA (mul1) per pair: both round once, as the spec requires for bit-exactness.
+template <int CB>
+__device__ __forceinline__ uint32_t cb_pair(uint32_t h0, uint32_t h1) {
+  if constexpr (CB == 2) {
+    const __half2 k_inv = u32_as_h2(0x1EEE1EEEu);
+    const __half2 k_bias = u32_as_h2(0xC931C931u);
+    return h2_as_u32(__hfma2(u32_as_h2(__byte_perm(h0, h1, 0x5410)), k_inv, k_bias));
+  } else {
+    // lo + hi of each word with HADD2's operand swizzles (fp16 pipe), then one PRMT to pair them: one ALU op per
+    // pair instead of two, and the integer ALU is this kernel's busiest pipe on sm_90 (kernels/PERF.md).
+    const __half2 a = u32_as_h2(h0), b = u32_as_h2(h1);
+    const __half2 va = __hadd2(__low2half2(a), __high2half2(a));
+    const __half2 vb = __hadd2(__low2half2(b), __high2half2(b));
+    return __byte_perm(h2_as_u32(va), h2_as_u32(vb), 0x5410);
+  }
+}
+
+template <int K2, int CB, int BASE, int NW>
+struct TileDecoder {
+  template <int E>
+  static __device__ __forceinline__ uint32_t h(const uint32_t (&w)[NW]) {
+    return cb_hash<CB>(bits16<BASE + Rate<K2>::off(E), NW>(w));
+  }
+  // The lane's 8 weights as the A fragment of W_hat^T (rows = output columns n, cols = inputs k):
+  // reg0 = positions 0,1 (n = g, k = 2c..2c+1), reg1 = 4,5 (n = g+8), reg2 = 2,3 (k + 8), reg3 = 6,7.
+  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&a)[4]) {
+    a[0] = cb_pair<CB>(h<0>(w), h<1>(w));
+    a[2] = cb_pair<CB>(h<2>(w), h<3>(w));
+    a[1] = cb_pair<CB>(h<4>(w), h<5>(w));
+    a[3] = cb_pair<CB>(h<6>(w), h<7>(w));
+  }
+};
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Unnormalised 128-point Sylvester Hadamard over a warp: lane l holds elements 4l..4l+3 (natural order).
+__device__ __forceinline__ void had128_warp(float (&v)[4], int lane) {
+  const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+  v[0] = a0 + a2;
+  v[1] = a1 + a3;
+  v[2] = a0 - a2;
+  v[3] = a1 - a3;
+#pragma unroll
+  for (int mask = 1; mask < 32; mask <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float o = __shfl_xor_sync(0xFFFFFFFFu, v[i], mask);
+      v[i] = (lane & mask) ? (o - v[i]) : (v[i] + o);
+    }
+  }
+}
+
+struct KernelArgs {
+  const __half* x;
+  const uint8_t* trellis;
+  const __half* suh;
+  const __half* svh;
+  __half* y;
+  float* partials;
+  int* counters;
+  int m;
+  int in_features;
+  int out_features;
+  int ksplit;
+  int max_chunks;  // most 128-row chunks any block gets (sizes the shared memory regions)
+};
+
+// Shared memory layout, in bytes (host and device agree through this struct).
+struct SmemLayout {
+  int xfrag, xraw, suh, stage, red, zsum, total;
+  __host__ __device__ SmemLayout(int m, int max_chunks, int stage_bytes_per_warp) {
+    xfrag = 0;                                            // [slab][row][4 lanes] uint2, slabs = 8 * chunks
+    xraw = xfrag + max_chunks * 8 * m * 32;               // [row][chunks * 128] fp16, raw x
+    suh = xraw + m * max_chunks * 256;                    // [chunks * 128] fp16
+    stage = suh + max_chunks * 256;                       // [warp][stage][slab bytes]
+    const int main_end = stage + kWarps * stage_bytes_per_warp;
+    red = 0;                                              // [warp][row][kRedStride] fp32 (after the main loop)
+    zsum = red + kWarps * m * kRedStride * 4;             // [row][128] fp32
+    const int red_end = zsum + m * 128 * 4;
+    total = main_end > red_end ? main_end : red_end;
+  }
+};
+
+template <int K2, int CB>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
+  using R = Rate<K2>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int m = p.m;
+  const int col_chunk = blockIdx.x;
+  const int split = blockIdx.y;
+  const int n_chunks_k = p.in_features >> 7;
+  const int c0 = static_cast<int>(static_cast<long long>(split) * n_chunks_k / p.ksplit);
+  const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_chunks_k / p.ksplit);
+  const int nch = c1 - c0;  // 128-row chunks of this block; each warp handles exactly nch slabs
+  const SmemLayout L(m, p.max_chunks, R::kStages * R::kSlabBytes);
+
+  // --- issue the loads: the first trellis slabs (weights: no dependency on earlier kernels), then, once the
+  // --- previous kernel's results are visible, raw x and suh of this slice --------------------------------------
+  unsigned char* ring = smem + L.stage + warp * (R::kStages * R::kSlabBytes);
+  const size_t tiles_n = static_cast<size_t>(p.out_features >> 4);
+  // Slab i of this warp = k-tile row 8*c0 + warp + 8*i, tiles 8*col_chunk .. +7 (contiguous in the trellis).
+  const uint8_t* slab0 = p.trellis + ((static_cast<size_t>(8 * c0 + warp)) * tiles_n + 8 * col_chunk) * R::kTileBytes;
+  const size_t slab_step = 8 * tiles_n * R::kTileBytes;
+  auto load_slab = [&](int i) {
+    if (i < nch) {
+      const uint8_t* src = slab0 + static_cast<size_t>(i) * slab_step;
+      unsigned char* dst = ring + (i % R::kStages) * R::kSlabBytes;
+#pragma unroll
+      for (int u = lane; u < R::kSlabUnits; u += 32) cp_async16(dst + u * 16, src + u * 16);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < R::kStages - 1; ++i) load_slab(i);
+  grid_dependency_wait();  // programmatic dependent launch: x may be the previous kernel's output
+  {
+    const int units_per_row = 16 * nch;  // 16-byte units of 128*nch fp16
+    const int units = (m + 1) * units_per_row;
+    for (int u = tid; u < units; u += kThreads) {
+      const int row = u / units_per_row;
+      const int within = u - row * units_per_row;
+      if (row < m) {
+        cp_async16(smem + L.xraw + row * p.max_chunks * 256 + within * 16,
+                   reinterpret_cast<const uint8_t*>(p.x) + (static_cast<size_t>(row) * p.in_features + c0 * 128) * 2 + within * 16);
+      } else {
+        cp_async16(smem + L.suh + within * 16, reinterpret_cast<const uint8_t*>(p.suh) + c0 * 256 + within * 16);
+      }
+    }
+    cp_async_commit();
+  }
+
+  // --- input side: x' = had128(x * suh) / sqrt(128), stored as mma B fragments ---------------------------------
+  cp_async_wait<0>();  // x and suh (and the first slabs) have landed for this thread
+  __syncthreads();     // ... and for every thread
+  {
+    uint32_t* xfrag32 = reinterpret_cast<uint32_t*>(smem + L.xfrag);
+    const int q = lane & 3;
+    for (int it = warp; it < m * nch; it += kWarps) {
+      const int row = it % m;
+      const int ch = it / m;
+      const uint2 xr = *reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8);
+      const uint2 sr = *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8);
+      const float2 x01 = __half22float2(u32_as_h2(xr.x)), x23 = __half22float2(u32_as_h2(xr.y));
+      const float2 s01 = __half22float2(u32_as_h2(sr.x)), s23 = __half22float2(u32_as_h2(sr.y));
+      float v[4] = {x01.x * s01.x, x01.y * s01.y, x23.x * s23.x, x23.y * s23.y};
+      had128_warp(v, lane);
+      // element k (within the slab) = 4q + i; B fragment of lane (row, c): k = 2c, 2c+1 (word 0), 2c+8, 2c+9 (word 1)
+      const int slab = 8 * ch + (lane >> 2);
+      const int c = 2 * (q & 1);
+      const int word = q >> 1;
+      const uint32_t p01 = h2_as_u32(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
+      const uint32_t p23 = h2_as_u32(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
+      xfrag32[((slab * m + row) * 4 + c) * 2 + word] = p01;
+      xfrag32[((slab * m + row) * 4 + c + 1) * 2 + word] = p23;
+    }
+  }
+  __syncthreads();
+
+  // --- main loop: decode 8 tiles per slab into A fragments, one mma each ---------------------------------------
+  // This lane's window (SPEC 2.2): starts at ring bit 4*K2*lane + end(0) - 16, i.e. word a, bit o.
+  const int win = (4 * K2 * lane + Rate<K2>::end(0) - 16 + R::kRingBits) % R::kRingBits;
+  const int o = win & 31;
+  uint32_t widx[R::kRawWords];
+#pragma unroll
+  for (int j = 0; j < R::kRawWords; ++j) widx[j] = (((win >> 5) + j) % R::kTileWords) * 4;
+
+  const int g = lane >> 2;
+  const bool has_row = g < m;
+  const uint2* xfrag = reinterpret_cast<const uint2*>(smem + L.xfrag);
+  float acc[8][4];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  for (int i = 0; i < nch; ++i) {
+    cp_async_wait<R::kStages - 2>();
+    __syncwarp();
+    load_slab(i + R::kStages - 1);
+    const int sl = warp + 8 * i;
+    uint2 b = make_uint2(0u, 0u);
+    if (has_row) b = xfrag[(sl * m + g) * 4 + (lane & 3)];
+    const unsigned char* st = ring + (i % R::kStages) * R::kSlabBytes;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const unsigned char* tw = st + t * R::kTileBytes;
+      uint32_t raw[R::kRawWords];
+#pragma unroll
+      for (int j = 0; j < R::kRawWords; ++j) raw[j] = *reinterpret_cast<const uint32_t*>(tw + widx[j]);
+      uint32_t a[4];
+      if constexpr (R::kFixed) {
+        TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, a);
+      } else {
+        uint32_t nw[R::kNormWords];
+#pragma unroll
+        for (int j = 0; j < R::kNormWords; ++j) nw[j] = __funnelshift_l(raw[j + 1], raw[j], o);
+        TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, a);
+      }
+      mma_16816(acc[t], a, b.x, b.y);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with x' and its ring: the reduction buffer reuses them
+
+  // --- reduce the 8 warps: C fragment c0,c1 = (n = g, rows 2c, 2c+1), c2,c3 = (n = g + 8, same rows) -----------
+  float* red = reinterpret_cast<float*>(smem + L.red);
+  {
+    const int c = lane & 3;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int n = 16 * t + g;
+      const int r0 = 2 * c, r1 = 2 * c + 1;
+      if (r0 < m) {
+        red[(warp * m + r0) * kRedStride + n] = acc[t][0];
+        red[(warp * m + r0) * kRedStride + n + 8] = acc[t][2];
+      }
+      if (r1 < m) {
+        red[(warp * m + r1) * kRedStride + n] = acc[t][1];
+        red[(warp * m + r1) * kRedStride + n + 8] = acc[t][3];
+      }
+    }
+  }
+  __syncthreads();
+  float* zsum = reinterpret_cast<float*>(smem + L.zsum);
+  const int n0 = col_chunk * 128;
+  const int out = p.out_features;
+  for (int idx = tid; idx < m * 128; idx += kThreads) {
+    const int row = idx >> 7, n = idx & 127;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[(w * m + row) * kRedStride + n];
+    if (p.ksplit == 1) zsum[idx] = s;
+    else p.partials[(static_cast<size_t>(split) * m + row) * out + n0 + n] = s;
+  }
+
+  if (p.ksplit > 1) {
+    // Last block of this column chunk sums every slice in split order (deterministic) and finishes the chunk.
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const int done = atomicAdd(p.counters + col_chunk, 1);
+      is_last = (done == p.ksplit - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int idx = tid; idx < m * 128; idx += kThreads) {
+      const int row = idx >> 7, n = idx & 127;
+      float s = 0.0f;
+      for (int sp = 0; sp < p.ksplit; ++sp) s += __ldcg(p.partials + (static_cast<size_t>(sp) * m + row) * out + n0 + n);
+      zsum[idx] = s;
+    }
+    if (tid == 0) p.counters[col_chunk] = 0;  // ready for the next call (and for CUDA graph replays)
+  }
+  __syncthreads();
+
+  // --- output side: y = had128(z) / sqrt(128) * svh, rounded once to fp16 ----------------------------------------
+  if (warp < m) {
+    const float4 z = *reinterpret_cast<const float4*>(zsum + warp * 128 + lane * 4);
+    float v[4] = {z.x, z.y, z.z, z.w};
+    had128_warp(v, lane);
+    const uint2 sv = *reinterpret_cast<const uint2*>(p.svh + n0 + lane * 4);
+    const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
+    uint2 res;
+    res.x = h2_as_u32(__floats2half2_rn(v[0] * kHadScale * s01.x, v[1] * kHadScale * s01.y));
+    res.y = h2_as_u32(__floats2half2_rn(v[2] * kHadScale * s23.x, v[3] * kHadScale * s23.y));
+    *reinterpret_cast<uint2*>(p.y + static_cast<size_t>(warp) * out + n0 + lane * 4) = res;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side: the list of compiled (rate, codebook) pairs, the split-K choice and the launch
+// ---------------------------------------------------------------------------------------------------------------
+
+typedef void (*KernelFn)(const KernelArgs);
+
+struct KernelInfo {
+  KernelFn fn;
+  int stage_bytes_per_warp;
+};
+
+template <int K2, int CB>
+KernelInfo info_of() {
+  return KernelInfo{gemv_kernel<K2, CB>, Rate<K2>::kStages * Rate<K2>::kSlabBytes};
+}
+
+// The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only.
+bool find_kernel(int k2, int cb, KernelInfo* out) {
+#define EXL3_CASE(K2_, CB_)                \
+  if (k2 == K2_ && cb == CB_) {            \
+    *out = info_of<K2_, CB_>();            \
+    return true;                           \
+  }
+#define EXL3_CASES_INT(K2_) EXL3_CASE(K2_, 0) EXL3_CASE(K2_, 1) EXL3_CASE(K2_, 2)
+  EXL3_CASES_INT(2)
+  EXL3_CASES_INT(4)
+  EXL3_CASES_INT(6)
+  EXL3_CASES_INT(8)
+  EXL3_CASES_INT(10)
+  EXL3_CASES_INT(12)
+  EXL3_CASES_INT(14)
+  EXL3_CASES_INT(16)
+  EXL3_CASE(3, 2)
+  EXL3_CASE(5, 2)
+  EXL3_CASE(7, 2)
+#undef EXL3_CASES_INT
+#undef EXL3_CASE
+  return false;
+}
+
+thread_local char g_error[256];
+
+// PDL needs sm_90+; SPARKCTL_EXL3_NO_PDL=1 turns it off (for A/B timing).
+bool use_pdl() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  const char* off = getenv("SPARKCTL_EXL3_NO_PDL");
+  return major >= 9 && !(off && off[0] == '1');
+}
+
+int fail_cuda(cudaError_t e, const char* what) {
+  snprintf(g_error, sizeof(g_error), "EXL3 GEMV: %s failed: %s", what, cudaGetErrorString(e));
+  return EXL3_ERR_CUDA;
+}
+
+int validate(const Exl3GemvParams* p, KernelInfo* k) {
+  if (p->m < 1 || p->m > kMaxRows) return EXL3_ERR_ROWS;
+  if (p->in_features <= 0 || p->out_features <= 0 || p->in_features % 128 || p->out_features % 128) return EXL3_ERR_SHAPE;
+  if (p->codebook < 0 || p->codebook > 2) return EXL3_ERR_CODEBOOK;
+  if (p->k2 < 2 || p->k2 > 16) return EXL3_ERR_BITS;
+  if ((p->k2 & 1) && p->codebook != 2) return EXL3_ERR_CODEBOOK;
+  if (!find_kernel(p->k2, p->codebook, k)) return EXL3_ERR_BITS;
+  return EXL3_OK;
+}
+
+int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit) {
+  const int n_chunks_k = p->in_features / 128;
+  const int max_chunks = (n_chunks_k + ksplit - 1) / ksplit;
+  return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp).total;
+}
+
+int min_ksplit(const Exl3GemvParams* p) {
+  const int n_chunks_k = p->in_features / 128;
+  return (n_chunks_k + kMaxChunksPerBlock - 1) / kMaxChunksPerBlock;
+}
+
+// Split-K choice: enough blocks that every multiprocessor gets two of them (one block of 8 warps cannot hide the
+// decode latency alone), balanced against the per-block fixed cost (x' prologue, pipeline fill, reduction).
+// Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2) time units.
+int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute");
+  const int n_chunks_k = p->in_features / 128;
+  const int n_chunks_n = p->out_features / 128;
+  const int lo = min_ksplit(p);
+  int best = lo;
+  double best_cost = 1e30;
+  for (int ks = lo; ks <= n_chunks_k; ++ks) {
+    const int per_block = (n_chunks_k + ks - 1) / ks;
+    if (ks > lo && per_block == (n_chunks_k + ks - 2) / (ks - 1)) continue;  // same work per block, more blocks
+    const long long blocks = static_cast<long long>(n_chunks_n) * ks;
+    const long long per_sm = (blocks + sms - 1) / sms;
+    const double unit = per_block + 1.0;
+    const double cost = per_sm * unit / 2.0 > unit ? per_sm * unit / 2.0 : unit;
+    if (cost < best_cost - 1e-9) {
+      best_cost = cost;
+      best = ks;
+    }
+  }
+  (void)k;
+  *chosen = best;
+  return EXL3_OK;
+}
+
+}  // namespace exl3
+
+extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats) {
+  using namespace exl3;
+  KernelInfo k;
+  int st = validate(p, &k);
+  if (st != EXL3_OK) return st;
+  int ks = p->ksplit;
+  if (ks == 0) {
+    st = auto_ksplit(p, k, &ks);
+    if (st != EXL3_OK) return st;
+  }
+  if (ks < min_ksplit(p) || ks > p->in_features / 128) return EXL3_ERR_KSPLIT;
+  *ksplit = ks;
+  *partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
+  return EXL3_OK;
+}
+
+extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
+  using namespace exl3;
+  int ks = 0;
+  size_t partial_floats = 0;
+  int st = exl3_gemv_plan(p, &ks, &partial_floats);
+  if (st != EXL3_OK) return st;
+  KernelInfo k;
+  validate(p, &k);
+  const uintptr_t any = reinterpret_cast<uintptr_t>(p->x) | reinterpret_cast<uintptr_t>(p->trellis) |
+                        reinterpret_cast<uintptr_t>(p->suh) | reinterpret_cast<uintptr_t>(p->svh) |
+                        reinterpret_cast<uintptr_t>(p->y) | reinterpret_cast<uintptr_t>(p->partials);
+  if ((any & 15) != 0 || p->counters == nullptr || (partial_floats > 0 && p->partials == nullptr)) return EXL3_ERR_ALIGN;
+
+  const int n_chunks_k = p->in_features / 128;
+  KernelArgs a;
+  a.x = static_cast<const __half*>(p->x);
+  a.trellis = static_cast<const uint8_t*>(p->trellis);
+  a.suh = static_cast<const __half*>(p->suh);
+  a.svh = static_cast<const __half*>(p->svh);
+  a.y = static_cast<__half*>(p->y);
+  a.partials = p->partials;
+  a.counters = p->counters;
+  a.m = p->m;
+  a.in_features = p->in_features;
+  a.out_features = p->out_features;
+  a.ksplit = ks;
+  a.max_chunks = (n_chunks_k + ks - 1) / ks;
+  const int smem = smem_bytes(p, k, ks);
+  cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p->out_features / 128, ks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  // Programmatic dependent launch: this kernel's blocks may start while the previous kernel drains and prefetch
+  // their trellis slabs; griddepcontrol.wait in the kernel orders everything that reads earlier results.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = use_pdl() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, k.fn, a);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) return fail_cuda(e, "kernel launch");
+  return EXL3_OK;
+}
+
+extern "C" const char* exl3_gemv_error_string(int status) {
+  switch (status) {
+    case EXL3_OK: return "ok";
+    case EXL3_ERR_ROWS: return "EXL3 GEMV takes 1 to 8 rows per launch";
+    case EXL3_ERR_SHAPE: return "EXL3 GEMV needs in_features and out_features to be positive multiples of 128";
+    case EXL3_ERR_BITS: return "EXL3 GEMV supports 1..8 bits per weight, and 1.5/2.5/3.5 with the mul1 codebook";
+    case EXL3_ERR_CODEBOOK: return "EXL3 GEMV: codebook must be 0 (3inst), 1 (mcg) or 2 (mul1); half-integer rates need mul1";
+    case EXL3_ERR_KSPLIT: return "EXL3 GEMV: ksplit out of range for this shape (1 block holds at most 16 chunks of 128 inputs)";
+    case EXL3_ERR_ALIGN: return "EXL3 GEMV: every tensor must be 16-byte aligned and the scratch buffers present";
+    case EXL3_ERR_CUDA: return exl3::g_error;
+    default: return "EXL3 GEMV: unknown status";
+  }
+}
