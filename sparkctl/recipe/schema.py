@@ -549,6 +549,17 @@ class ContainerSpecModel(Strict):
         ),
     ]
 
+    @field_validator("shm_size", "memory_limit")
+    @classmethod
+    def _docker_size(cls, value: str | None) -> str | None:
+        import re
+
+        if value is not None and not re.fullmatch(
+            r"\d+(\.\d+)?([bkmg]|[kmg]i?b)?", value, flags=re.IGNORECASE
+        ):
+            raise ValueError(f"{value!r} is not a Docker size (e.g. 16g, 512m, 112gb)")
+        return value
+
 
 class BenchSpec(Strict):
     """Defaults for `sparkctl bench` (TTFT = first SSE chunk; decode = (tokens-1)/(wall-TTFT))."""

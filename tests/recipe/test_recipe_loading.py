@@ -385,3 +385,13 @@ def test_a_file_name_that_is_not_a_valid_recipe_name(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL, "My Model.yaml")
     assert "name: recipe name 'My Model' must be lowercase letters" in error_of(path)
     assert load_recipe(str(path), ["name=my-model"]).name == "my-model"
+
+
+@pytest.mark.parametrize("value", ["16g", "512m", "112GB", "1.5g", "1073741824"])
+def test_docker_sizes_accepted(value: str) -> None:
+    assert load_recipe("glm-5.3-flash", [f"container.shm_size={value}"]).container.shm_size == value
+
+
+def test_docker_size_typo_is_refused() -> None:
+    msg = error_of("glm-5.3-flash", ("container.memory_limit=112 gigs",))
+    assert "container.memory_limit: '112 gigs' is not a Docker size" in msg
