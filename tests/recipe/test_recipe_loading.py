@@ -387,7 +387,7 @@ def test_a_file_name_that_is_not_a_valid_recipe_name(tmp_path: Path) -> None:
     assert load_recipe(str(path), ["name=my-model"]).name == "my-model"
 
 
-@pytest.mark.parametrize("value", ["16g", "512m", "112GB", "1.5g", "1073741824"])
+@pytest.mark.parametrize("value", ["16g", "512m", "112GB", "1.5g", "64k"])
 def test_docker_sizes_accepted(value: str) -> None:
     assert load_recipe("glm-5.3-flash", [f"container.shm_size={value}"]).container.shm_size == value
 
