@@ -2,45 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import struct
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prewarm_testlib import REPO, MiB, write_index, write_shard
 
 from prewarm.report import filesystem_of
-
-REPO = Path(__file__).resolve().parents[2]
-MiB = 1 << 20
-
-
-def write_shard(path: Path, nbytes: int, *, declared: int | None = None) -> Path:
-    """A valid safetensors file with one U8 tensor of `nbytes` random bytes.
-
-    `declared` makes the header claim a different tensor size (a truncated download).
-    """
-    size = nbytes if declared is None else declared
-    header = json.dumps({"w": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(header)))
-        fh.write(header)
-        fh.write(os.urandom(nbytes))
-        fh.flush()
-        os.fsync(fh.fileno())  # so DONTNEED can drop the pages at once (no dirty pages left)
-    return path
-
-
-def write_index(model_dir: Path, order: list[str]) -> None:
-    weight_map = {f"layer.{i}.weight": name for i, name in enumerate(order)}
-    (model_dir / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map})
-    )
 
 
 @pytest.fixture
@@ -69,7 +39,3 @@ def model_dir(disk_dir: Path) -> Path:
     write_index(d, names)
     (d / "config.json").write_text("{}")
     return d
-
-
-def prewarm_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "prewarm", *args]

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from prewarm_testlib import MiB, prewarm_cmd, write_shard
 
 from prewarm import model_files, residency
-from tests.prewarm.conftest import MiB, prewarm_cmd, write_shard
 
 REPO = Path(__file__).resolve().parents[2]
 

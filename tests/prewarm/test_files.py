@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from prewarm_testlib import MiB, write_index, write_shard
 
 from prewarm import BadInput, inspect_files, model_files
-from tests.prewarm.conftest import MiB, write_index, write_shard
 
 
 def test_index_order_wins_over_names(disk_dir: Path) -> None:
