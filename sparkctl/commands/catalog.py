@@ -7,6 +7,7 @@ torch. Data goes to stdout, warnings and messages to stderr, so `--json` output 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -230,10 +231,26 @@ def validate_cmd(recipes: tuple[str, ...], overrides: tuple[str, ...], as_json: 
         try:
             r, p = _load_and_plan(source, overrides, None)
         except UserError as exc:
-            results.append({"source": source, "ok": False, "name": None, "error": str(exc), "warnings": []})
+            results.append(
+                {
+                    "source": source,
+                    "ok": False,
+                    "name": None,
+                    "error": str(exc),
+                    "warnings": [],
+                    "memory": None,
+                }
+            )
             continue
         results.append(
-            {"source": source, "ok": True, "name": r.name, "error": None, "warnings": list(p.warnings)}
+            {
+                "source": source,
+                "ok": True,
+                "name": r.name,
+                "error": None,
+                "warnings": list(p.warnings),
+                "memory": dataclasses.asdict(p.memory) if p.memory else None,
+            }
         )
     bad = [res for res in results if not res["ok"]]
     if as_json:

@@ -189,7 +189,8 @@ def test_validate_reports_each_bad_file_and_fails(tmp_path: Path) -> None:
     assert str(result.exception) == "1 of 2 recipe(s) invalid"
     rows = json.loads(result.stdout)
     assert rows[0]["ok"] is True
-    assert rows[1]["ok"] is False
+    assert rows[0]["memory"]["fits"] is True and rows[0]["memory"]["kv_bytes_per_token"] == 2048
+    assert rows[1]["ok"] is False and rows[1]["memory"] is None
     assert f"{bad}:3:1: unknown key 'modle' in the top level; did you mean 'model'?" in rows[1]["error"]
 
 
