@@ -452,3 +452,16 @@ def test_moe_forward_has_no_host_sync(vllm_env: object) -> None:
             activation="silu",
         )
         assert out.shape == (3, HIDDEN)
+
+
+@pytest.mark.parametrize("flag", [None, "exl3"])
+def test_vllm_selects_exl3_from_config_or_flag(
+    vllm_env: object, tiny_models: dict[str, Path], flag: str | None
+) -> None:
+    """`quant_method: exl3` in config.json alone, or `--quantization exl3`, both resolve to the plugin."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    model_config = EngineArgs(
+        model=str(tiny_models["dense"]), dtype="float32", quantization=flag
+    ).create_model_config()
+    assert model_config.quantization == "exl3"
