@@ -1,11 +1,13 @@
 """Build-time self-test of the serving image (run by docker/Dockerfile after installing sparkctl).
 
-Fails the build, with the reason, if vLLM would not load our plugin or the EXL3 kernels were not
-compiled into the image: catching that at build time beats finding it 12 minutes into a model load.
+Fails the build, with the reason, if vLLM would not load our plugin, lacks a model class the recipes
+need (SPARKCTL_REQUIRED_ARCHS), or the EXL3 kernels were not compiled into the image: catching that at
+build time beats finding it 12 minutes into a model load.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -22,6 +24,14 @@ def main() -> int:
     import sparkctl_exl3.cuda as cuda
     import sparkctl_exl3.vllm_plugin  # noqa: F401  (what vLLM imports in every process)
 
+    required = os.environ.get("SPARKCTL_REQUIRED_ARCHS", "").split()
+    if required:
+        from vllm import ModelRegistry
+
+        missing = sorted(set(required) - set(ModelRegistry.get_supported_archs()))
+        if missing:
+            print(f"smoke: this vLLM has no model class {', '.join(missing)}", file=sys.stderr)
+            return 1
     try:
         # Loads the build the Dockerfile just made (no compile: the sources are unchanged); a failure
         # here is exactly what a server would hit when it first calls the kernels.

@@ -94,6 +94,18 @@ def test_every_copy_source_exists(ins) -> None:
         assert needed in sources, f"{needed} is not copied into the image"
 
 
+def test_build_context_keeps_what_the_image_copies(ins) -> None:
+    """docker/Dockerfile.dockerignore starts from `*` and re-includes paths: each COPY source must be
+    re-included (or the build fails with "not found"), and nothing else is sent (.venv is gigabytes)."""
+    lines = [ln.strip() for ln in (REPO / "docker" / "Dockerfile.dockerignore").read_text().splitlines()]
+    rules = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert rules[0] == "*"
+    included = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    for src in copy_sources(ins):
+        assert src.rstrip("/") in included, f"COPY {src} is excluded from the build context"
+    assert included <= {s.rstrip("/") for s in copy_sources(ins)}, "re-included but never copied"
+
+
 def test_builds_kernels_for_sm121_and_checks_itself(ins) -> None:
     args = arg_defaults(ins)
     assert args["TORCH_CUDA_ARCH_LIST"] == "12.1"
@@ -177,19 +189,31 @@ def test_the_engine_parses_it(docker_client, test_image, tmp_path, ins) -> None:
     assert "nvcc" in error  # it stopped at the toolchain check, as it must without CUDA
 
 
-def test_smoke_script_checks_the_plugin_then_the_kernels() -> None:
-    """docker/smoke.py in this venv: the entry point vLLM loads is found and imports; then the kernel
-    check fails for the reason a CPU-only torch gives, which is what it must catch in a broken image."""
+def test_smoke_script_checks_plugin_model_classes_and_kernels() -> None:
+    """docker/smoke.py in this venv (vLLM CPU): the entry point vLLM loads is found and imports, a model
+    class this vLLM lacks is named, and the kernel check fails the way a CPU-only torch makes it fail,
+    which is what it must catch in a broken image."""
+    import os
     import subprocess
     import sys
 
     torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
     if torch.version.cuda is not None:
         pytest.skip("a CUDA torch would compile the kernels here; this checks the CPU-only refusal")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "docker" / "smoke.py")], capture_output=True, text=True, timeout=120
-    )
+
+    def smoke(archs: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "SPARKCTL_REQUIRED_ARCHS": archs}
+        script = str(REPO / "docker" / "smoke.py")
+        return subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=180, env=env)
+
+    proc = smoke("Glm5NextForConditionalGeneration NoSuchArchForSmokeTest")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "vllm.general_plugins has no exl3" not in proc.stderr  # the plugin check passed
-    assert proc.stderr.startswith("smoke: the EXL3 kernels do not load: ")
+    assert proc.stderr.strip().endswith("smoke: this vLLM has no model class NoSuchArchForSmokeTest")
+
+    args = {k: v.strip('"') for k, v in arg_defaults(instructions(DOCKERFILE.read_text())).items()}
+    proc = smoke(args["SPARKCTL_REQUIRED_ARCHS"])  # what the image build checks
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "vllm.general_plugins has no exl3" not in proc.stderr and "model class" not in proc.stderr
+    assert "smoke: the EXL3 kernels do not load: " in proc.stderr
     assert "no CUDA support" in proc.stderr
