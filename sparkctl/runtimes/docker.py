@@ -57,7 +57,7 @@ def image_build_hint(image: str) -> str:
     if image.startswith(TEST_IMAGE_PREFIX):
         return "build it: make test-image (a local Debian rootfs imported into Docker; needs root)"
     if image.startswith("sparkctl") or image.startswith("ghcr.io/sparkctl"):
-        return "build it on the Spark: " + SPARK_BUILD_HINT.format(image=image)
+        return "build it on the Spark, in a sparkctl checkout: " + SPARK_BUILD_HINT.format(image=image)
     return f"pull it: docker pull {image} (or build it: {SPARK_BUILD_HINT.format(image=image)})"
 
 
@@ -105,10 +105,11 @@ def _daemon_errors(fn: F) -> F:
     The SDK lets the transport's exceptions (requests) through untouched; without this, `status` or
     `down` run while the daemon restarts would end in a traceback.
     """
-    import requests
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import requests  # here, not at import: this module is imported by `status` for every recipe
+
         try:
             return fn(*args, **kwargs)
         except requests.exceptions.ConnectionError as exc:
