@@ -4,6 +4,7 @@ reference decoder, and the errors a bad checkpoint gets."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -371,12 +372,12 @@ def _expert_ref(x: torch.Tensor, w: dict[str, dict[str, torch.Tensor]], e: int) 
     return _ref(h, w[f"{p}.w2"])
 
 
-def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
-    """Per-expert EXL3 tensors go through vLLM's RoutedExperts.load_weights; apply = top-k weighted reference."""
-    from sparkctl_exl3.vllm_plugin.moe import EXL3MoEMethod
+_MOE_LAYER_IDS = itertools.count()
+
+
+def _moe_holder(tp_size: int | None = None) -> torch.nn.Module:
+    """A Mixtral-style sparse MoE block (vLLM's fused-MoE runner) under the checkpoint's names."""
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory
-    from vllm.model_executor.models.mixtral import MixtralModel
-    from vllm.model_executor.models.utils import AutoWeightsLoader
 
     holder, moe = torch.nn.Module(), torch.nn.Module()
     moe.experts = FusedMoEFactory(
@@ -386,15 +387,31 @@ def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
         intermediate_size=256,
         params_dtype=torch.float32,
         quant_config=_config(),
-        prefix="block_sparse_moe.experts",
+        tp_size=tp_size,
+        prefix=f"model.layers.{next(_MOE_LAYER_IDS)}.block_sparse_moe.experts",  # vLLM refuses duplicate names
         ckpt_names=("w1", "w2", "w3"),
     )
     holder.block_sparse_moe = moe
-    routed = moe.experts.routed_experts
+    return holder
+
+
+def _load_moe(holder: torch.nn.Module, w: dict[str, dict[str, torch.Tensor]]) -> set[str]:
+    from vllm.model_executor.models.mixtral import MixtralModel
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    flat = [(f"{p}.{n}", t.clone()) for p, g in w.items() for n, t in g.items()]
+    return AutoWeightsLoader(holder).load_weights(flat, mapper=MixtralModel.hf_to_vllm_mapper)
+
+
+def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
+    """Per-expert EXL3 tensors go through vLLM's RoutedExperts.load_weights; apply = top-k weighted reference."""
+    from sparkctl_exl3.vllm_plugin.moe import EXL3MoEMethod
+
+    holder = _moe_holder()
+    routed = holder.block_sparse_moe.experts.routed_experts
     assert isinstance(routed.quant_method, EXL3MoEMethod)
     w = _moe_weights()
-    flat = [(f"{p}.{n}", t.clone()) for p, g in w.items() for n, t in g.items()]
-    loaded = AutoWeightsLoader(holder).load_weights(flat, mapper=MixtralModel.hf_to_vllm_mapper)
+    loaded = _load_moe(holder, w)
     assert any(n.endswith("w13_trellis") for n in loaded) and any(n.endswith("w2_mul1") for n in loaded)
     routed.quant_method.process_weights_after_loading(routed)
     assert routed.exl3_expert_ids == [0, 1, 2, 3]
@@ -465,3 +482,31 @@ def test_vllm_selects_exl3_from_config_or_flag(
         model=str(tiny_models["dense"]), dtype="float32", quantization=flag
     ).create_model_config()
     assert model_config.quantization == "exl3"
+
+
+def test_moe_tensor_parallel_cut(vllm_env: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With TP=2 each rank holds half of every expert's intermediate dim (gate/up columns, down rows); the two
+    ranks' partial outputs (vLLM all-reduces them) sum to the full MoE output."""
+    import vllm.model_executor.layers.fused_moe.config as moe_config
+
+    w = _moe_weights()
+    x = torch.randn(4, HIDDEN, generator=torch.Generator().manual_seed(41))
+    topk_ids = torch.tensor([[0, 1], [2, 3], [3, 0], [1, 2]], dtype=torch.int32)
+    topk_weights = torch.full((4, 2), 0.5)
+    partials = []
+    for rank in (0, 1):
+        monkeypatch.setattr(moe_config, "get_tensor_model_parallel_rank", lambda rank=rank: rank)
+        holder = _moe_holder(tp_size=2)
+        routed = holder.block_sparse_moe.experts.routed_experts
+        assert routed.exl3_plan.intermediate == 128 and routed.exl3_plan.tp_rank == rank
+        _load_moe(holder, w)
+        routed.quant_method.process_weights_after_loading(routed)
+        assert (
+            routed.exl3_e0_gate_trellis.shape[1] == 128 // 16
+            and routed.exl3_e0_down_trellis.shape[0] == 128 // 16
+        )
+        partials.append(routed.quant_method.apply(routed, x, topk_weights, topk_ids, None, None))
+    expected = torch.stack(
+        [sum(0.5 * _expert_ref(x[t : t + 1], w, int(topk_ids[t, k]))[0] for k in range(2)) for t in range(4)]
+    )
+    torch.testing.assert_close(partials[0] + partials[1], expected, rtol=1e-4, atol=1e-4)
