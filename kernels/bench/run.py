@@ -195,6 +195,26 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                                 "gemv", case + " repeat bit-identical", 0.0 if same else math.inf, 0.0
                             )
 
+    # 2b. both input-transform paths (fused per block / separate kernel) for every row count
+    for min_rows in ("1", "99"):
+        os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = min_rows
+        try:
+            for k2, cb in ((4, "mul1"), (6, "3inst"), (5, "mul1")):
+                trellis, suh, svh = random_layer(2048, 640, k2, gen, dev)
+                w = reference.weight(trellis, suh, svh, cb).float()
+                for rows in range(1, 9):
+                    x = torch.randn(rows, 2048, generator=gen).half().to(dev)
+                    y, landed = poisoned_call(
+                        partial(cuda.gemv, x, trellis, suh, svh, CODEBOOKS.index(cb)), rows, 640, dev
+                    )
+                    path = "separate" if min_rows == "1" else "fused"
+                    case = f"x' {path} 2048x640 K={k2_label(k2)} {cb} rows={rows}"
+                    yield CheckResult(
+                        "gemv", case, rel_err(y, x.float() @ w), REL_TOL, "" if landed else "(not poisoned)"
+                    )
+        finally:
+            del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
+
     # 3. grouping (>8 rows), the torch op, CUDA graph replay
     trellis, suh, svh = random_layer(1024, 2048, 8, gen, dev)
     w = reference.weight(trellis, suh, svh, "mul1").float()
@@ -314,6 +334,13 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
 
                         us = _graph_time_us(make, n_sets, args.calls, args.reps)
                         extra: dict = {"sweep": ks != 0}
+                        if args.ab_xprep and ks == 0:
+                            # the other input-transform path: separate kernel for 1 row, fused for several
+                            os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = "1" if rows == 1 else "99"
+                            try:
+                                extra["other_xprep_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
+                            finally:
+                                del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
                         if args.ab_pdl and ks == 0:
                             os.environ["SPARKCTL_EXL3_NO_PDL"] = "1"
                             try:
@@ -417,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true", help="also time every split-K for 1 row")
     p.add_argument("--full", action="store_true", help="more shapes")
     p.add_argument("--ab-pdl", action="store_true", help="also time each case with programmatic launch off")
+    p.add_argument("--ab-xprep", action="store_true", help="also time each case with the other x' path")
     p.add_argument("--calls", type=int, default=48, help="calls per CUDA graph")
     p.add_argument("--reps", type=int, default=15, help="graph replays (median)")
     p.add_argument("--seed", type=int, default=1234)
@@ -473,7 +501,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {t.kernel} {t.shape:>11} K={t.bits:>3} {t.codebook:5} rows={t.rows} ks={t.ksplit:>2}"
                     f"{' (sweep)' if t.extra.get('sweep') else ''}: {t.us:7.2f} us  dense {t.dense_us:7.2f} us"
                     f"  x{t.dense_us / t.us:5.2f}  floor {t.floor_us:6.2f} us ({100 * t.floor_us / t.us:5.1f}%)"
-                    + (f"  no-PDL {t.extra['no_pdl_us']:.2f} us" if "no_pdl_us" in t.extra else ""),
+                    + (f"  no-PDL {t.extra['no_pdl_us']:.2f} us" if "no_pdl_us" in t.extra else "")
+                    + (
+                        f"  other-x' {t.extra['other_xprep_us']:.2f} us"
+                        if "other_xprep_us" in t.extra
+                        else ""
+                    ),
                     flush=True,
                 )
         report["times"] = times

@@ -95,13 +95,17 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, to
     p.codebook = static_cast<int>(codebook);
     p.ksplit = static_cast<int>(ksplit);
     int ks = 0;
-    size_t partial_floats = 0;
-    int st = exl3_gemv_plan(&p, &ks, &partial_floats);
+    size_t partial_floats = 0, xprep_halfs = 0;
+    int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
     TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
-    torch::Tensor partials;
+    torch::Tensor partials, xprep;
     if (partial_floats > 0) {
       partials = torch::empty({static_cast<int64_t>(partial_floats)}, x.options().dtype(torch::kFloat));
       p.partials = partials.data_ptr<float>();
+    }
+    if (xprep_halfs > 0) {
+      xprep = torch::empty({static_cast<int64_t>(xprep_halfs)}, x.options());
+      p.xprep = xprep.data_ptr();
     }
     p.ksplit = ks;
     st = exl3_gemv_launch(&p, stream);
@@ -119,8 +123,8 @@ int64_t gemv_ksplit(int64_t rows, int64_t in_features, int64_t out_features, int
   p.k2 = static_cast<int>(k2);
   p.codebook = static_cast<int>(codebook);
   int ks = 0;
-  size_t partial_floats = 0;
-  const int st = exl3_gemv_plan(&p, &ks, &partial_floats);
+  size_t partial_floats = 0, xprep_halfs = 0;
+  const int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
   TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
   return ks;
 }

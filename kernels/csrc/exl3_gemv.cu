@@ -187,6 +187,25 @@ __device__ __forceinline__ void had128_warp(float (&v)[4], int lane) {
   }
 }
 
+// x' = had128(x * suh) / sqrt(128) for one 128-wide chunk of one row, written as mma B fragments: the layout
+// is [slab][row][4 lanes] x uint2 (lane (row, c) of a slab holds k = 2c, 2c+1 in word 0 and 2c+8, 2c+9 in word 1).
+// `xv` and `sv` are this lane's 4 elements (4*lane .. 4*lane+3) of x and suh.
+__device__ __forceinline__ void xprime_chunk(uint2 xv, uint2 sv, uint32_t* frag32, int slab_base, int row, int m,
+                                             int lane) {
+  const float2 x01 = __half22float2(u32_as_h2(xv.x)), x23 = __half22float2(u32_as_h2(xv.y));
+  const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
+  float v[4] = {x01.x * s01.x, x01.y * s01.y, x23.x * s23.x, x23.y * s23.y};
+  had128_warp(v, lane);
+  const int q = lane & 3;
+  const int slab = slab_base + (lane >> 2);
+  const int c = 2 * (q & 1);
+  const int word = q >> 1;
+  const uint32_t p01 = h2_as_u32(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
+  const uint32_t p23 = h2_as_u32(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
+  frag32[((slab * m + row) * 4 + c) * 2 + word] = p01;
+  frag32[((slab * m + row) * 4 + c + 1) * 2 + word] = p23;
+}
+
 struct KernelArgs {
   const __half* x;
   const uint8_t* trellis;
@@ -200,6 +219,7 @@ struct KernelArgs {
   int out_features;
   int ksplit;
   int max_chunks;  // most 128-row chunks any block gets (sizes the shared memory regions)
+  const uint8_t* xprep;  // x' already in B-fragment order for all of I (xprep_kernel), or null: compute per block
 };
 
 // Shared memory layout, in bytes (host and device agree through this struct).
@@ -253,7 +273,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
 #pragma unroll
   for (int i = 0; i < R::kStages - 1; ++i) load_slab(i);
   grid_dependency_wait();  // programmatic dependent launch: x may be the previous kernel's output
-  {
+  if (p.xprep != nullptr) {
+    // this block's slabs 8*c0 .. 8*c1 of the prepared fragments: contiguous, 16*m units of 16 bytes per chunk
+    const int units = 16 * m * nch;
+    const uint8_t* src = p.xprep + static_cast<size_t>(c0) * 8 * m * 32;
+    for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xfrag + u * 16, src + u * 16);
+    cp_async_commit();
+  } else {
     const int units_per_row = 16 * nch;  // 16-byte units of 128*nch fp16
     const int units = (m + 1) * units_per_row;
     for (int u = tid; u < units; u += kThreads) {
@@ -272,26 +298,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   // --- input side: x' = had128(x * suh) / sqrt(128), stored as mma B fragments ---------------------------------
   cp_async_wait<0>();  // x and suh (and the first slabs) have landed for this thread
   __syncthreads();     // ... and for every thread
-  {
+  if (p.xprep == nullptr) {
     uint32_t* xfrag32 = reinterpret_cast<uint32_t*>(smem + L.xfrag);
-    const int q = lane & 3;
     for (int it = warp; it < m * nch; it += kWarps) {
       const int row = it % m;
       const int ch = it / m;
       const uint2 xr = *reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8);
       const uint2 sr = *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8);
-      const float2 x01 = __half22float2(u32_as_h2(xr.x)), x23 = __half22float2(u32_as_h2(xr.y));
-      const float2 s01 = __half22float2(u32_as_h2(sr.x)), s23 = __half22float2(u32_as_h2(sr.y));
-      float v[4] = {x01.x * s01.x, x01.y * s01.y, x23.x * s23.x, x23.y * s23.y};
-      had128_warp(v, lane);
-      // element k (within the slab) = 4q + i; B fragment of lane (row, c): k = 2c, 2c+1 (word 0), 2c+8, 2c+9 (word 1)
-      const int slab = 8 * ch + (lane >> 2);
-      const int c = 2 * (q & 1);
-      const int word = q >> 1;
-      const uint32_t p01 = h2_as_u32(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
-      const uint32_t p23 = h2_as_u32(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
-      xfrag32[((slab * m + row) * 4 + c) * 2 + word] = p01;
-      xfrag32[((slab * m + row) * 4 + c + 1) * 2 + word] = p23;
+      xprime_chunk(xr, sr, xfrag32, 8 * ch, row, m, lane);
     }
   }
   __syncthreads();
@@ -407,6 +421,23 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   }
 }
 
+// x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the GEMV reads: done once per call
+// instead of once per block when several rows make the per-block transform expensive.
+__global__ void __launch_bounds__(kThreads) xprep_kernel(const __half* x, const __half* suh, uint32_t* frag32, int m,
+                                                         int in_features) {
+  grid_dependency_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // let the GEMV start prefetching trellis
+#endif
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int item = blockIdx.x * kWarps + warp;
+  if (item >= m * (in_features >> 7)) return;
+  const int row = item % m, ch = item / m;
+  const uint2 xv = *reinterpret_cast<const uint2*>(x + static_cast<size_t>(row) * in_features + ch * 128 + lane * 4);
+  const uint2 sv = *reinterpret_cast<const uint2*>(suh + ch * 128 + lane * 4);
+  xprime_chunk(xv, sv, frag32, 8 * ch, row, m, lane);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Host side: the list of compiled (rate, codebook) pairs, the split-K choice and the launch
 // ---------------------------------------------------------------------------------------------------------------
@@ -448,6 +479,14 @@ bool find_kernel(int k2, int cb, KernelInfo* out) {
 }
 
 thread_local char g_error[256];
+
+// Rows from which the input transform runs once per call in its own kernel (SPARKCTL_EXL3_XPREP_MIN_ROWS, default
+// 2): with one row the per-block transform is cheaper than a second launch.
+int xprep_min_rows() {
+  const char* v = getenv("SPARKCTL_EXL3_XPREP_MIN_ROWS");
+  if (v && v[0]) return atoi(v);
+  return 2;
+}
 
 // PDL needs sm_90+; SPARKCTL_EXL3_NO_PDL=1 turns it off (for A/B timing).
 bool use_pdl() {
@@ -517,7 +556,7 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
 
 }  // namespace exl3
 
-extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats) {
+extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs) {
   using namespace exl3;
   KernelInfo k;
   int st = validate(p, &k);
@@ -530,21 +569,46 @@ extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* part
   if (ks < min_ksplit(p) || ks > p->in_features / 128) return EXL3_ERR_KSPLIT;
   *ksplit = ks;
   *partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
+  *xprep_halfs = p->m >= xprep_min_rows() ? static_cast<size_t>(p->m) * p->in_features : 0;
   return EXL3_OK;
 }
+
+namespace exl3 {
+
+cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, void** args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  // Programmatic dependent launch: this kernel's blocks may start while the previous kernel drains and prefetch
+  // their trellis slabs; griddepcontrol.wait in the kernel orders everything that reads earlier results.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = use_pdl() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelExC(&cfg, fn, args);
+  return e == cudaSuccess ? cudaGetLastError() : e;
+}
+
+}  // namespace exl3
 
 extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   using namespace exl3;
   int ks = 0;
-  size_t partial_floats = 0;
-  int st = exl3_gemv_plan(p, &ks, &partial_floats);
+  size_t partial_floats = 0, xprep_halfs = 0;
+  int st = exl3_gemv_plan(p, &ks, &partial_floats, &xprep_halfs);
   if (st != EXL3_OK) return st;
   KernelInfo k;
   validate(p, &k);
   const uintptr_t any = reinterpret_cast<uintptr_t>(p->x) | reinterpret_cast<uintptr_t>(p->trellis) |
                         reinterpret_cast<uintptr_t>(p->suh) | reinterpret_cast<uintptr_t>(p->svh) |
-                        reinterpret_cast<uintptr_t>(p->y) | reinterpret_cast<uintptr_t>(p->partials);
-  if ((any & 15) != 0 || p->counters == nullptr || (partial_floats > 0 && p->partials == nullptr)) return EXL3_ERR_ALIGN;
+                        reinterpret_cast<uintptr_t>(p->y) | reinterpret_cast<uintptr_t>(p->partials) |
+                        reinterpret_cast<uintptr_t>(p->xprep);
+  if ((any & 15) != 0 || p->counters == nullptr || (partial_floats > 0 && p->partials == nullptr) ||
+      (xprep_halfs > 0 && p->xprep == nullptr))
+    return EXL3_ERR_ALIGN;
 
   const int n_chunks_k = p->in_features / 128;
   KernelArgs a;
@@ -560,23 +624,23 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   a.out_features = p->out_features;
   a.ksplit = ks;
   a.max_chunks = (n_chunks_k + ks - 1) / ks;
+  a.xprep = xprep_halfs > 0 ? static_cast<const uint8_t*>(p->xprep) : nullptr;
+  cudaError_t e;
+  if (a.xprep != nullptr) {
+    const __half* xp = a.x;
+    const __half* sp = a.suh;
+    uint32_t* fp = static_cast<uint32_t*>(p->xprep);
+    int m = p->m, in_f = p->in_features;
+    void* args[] = {&xp, &sp, &fp, &m, &in_f};
+    const int items = p->m * n_chunks_k;
+    e = launch(reinterpret_cast<const void*>(xprep_kernel), dim3((items + kWarps - 1) / kWarps), 0, stream, args);
+    if (e != cudaSuccess) return fail_cuda(e, "input-transform kernel launch");
+  }
   const int smem = smem_bytes(p, k, ks);
-  cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p->out_features / 128, ks);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  // Programmatic dependent launch: this kernel's blocks may start while the previous kernel drains and prefetch
-  // their trellis slabs; griddepcontrol.wait in the kernel orders everything that reads earlier results.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = use_pdl() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, k.fn, a);
-  if (e == cudaSuccess) e = cudaGetLastError();
+  void* args[] = {&a};
+  e = launch(reinterpret_cast<const void*>(k.fn), dim3(p->out_features / 128, ks), smem, stream, args);
   if (e != cudaSuccess) return fail_cuda(e, "kernel launch");
   return EXL3_OK;
 }

@@ -33,6 +33,7 @@ typedef struct Exl3GemvParams {
   void* y;              // fp16 [m, O], row-major, contiguous (fully overwritten)
   float* partials;      // fp32 scratch, exl3_gemv_plan()'s partial_floats elements (may be NULL when that is 0)
   int* counters;        // int32 [O/128], all zero before the first call; the kernel leaves them zero again
+  void* xprep;          // fp16 scratch of exl3_gemv_plan()'s xprep_halfs elements (may be NULL when that is 0)
   int m;                // rows, 1..8
   int in_features;      // I, multiple of 128
   int out_features;     // O, multiple of 128
@@ -42,8 +43,10 @@ typedef struct Exl3GemvParams {
 } Exl3GemvParams;
 
 // Fills *ksplit (the split that will be used: p->ksplit if non-zero, else the automatic choice for the current
-// device) and *partial_floats (fp32 scratch elements the caller must provide in p->partials).
-int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats);
+// device), *partial_floats (fp32 scratch elements the caller must provide in p->partials) and *xprep_halfs (fp16
+// scratch for the input transform done once per call, used from SPARKCTL_EXL3_XPREP_MIN_ROWS rows on, default 2;
+// 0 = the transform is fused into every block).
+int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs);
 
 // Launches the kernel on `stream`. Returns EXL3_OK or an Exl3GemvStatus code.
 int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream);
