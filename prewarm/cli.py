@@ -86,22 +86,22 @@ def prewarm_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="sendfile to /dev/null (fills the cache with no copy to user space), or pread into a reused buffer.",
         ),
         click.option(
-            "--cold", "mode", flag_value="cold", help="Evict first, then warm: a cold-read measurement."
+            "--cold", "mode_cold", is_flag=True, help="Evict first, then warm: a cold-read measurement."
         ),
         click.option(
             "--evict",
-            "mode",
-            flag_value="evict",
+            "mode_evict",
+            is_flag=True,
             help="Drop the files from the page cache (posix_fadvise DONTNEED), verified with mincore.",
         ),
         click.option(
             "--measure-disk",
-            "mode",
-            flag_value="measure-disk",
+            "mode_measure_disk",
+            is_flag=True,
             help="Parallel O_DIRECT reads: the device's ceiling (fills no cache).",
         ),
         click.option(
-            "--status", "mode", flag_value="status", help="Only report page-cache residency per file."
+            "--status", "mode_status", is_flag=True, help="Only report page-cache residency per file."
         ),
         click.option(
             "--force", is_flag=True, help="Warm even if it leaves less than the headroom available."
@@ -142,12 +142,24 @@ def prewarm_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+_MODES = {
+    "mode_cold": "cold",
+    "mode_evict": "evict",
+    "mode_measure_disk": "measure-disk",
+    "mode_status": "status",
+}
+
+
 def options_from(kwargs: dict[str, Any], *, default_workers: int = 8) -> Options:
+    """Options from the click keyword arguments; at most one of --cold/--evict/--measure-disk/--status."""
+    modes = [mode for key, mode in _MODES.items() if kwargs.get(key)]
+    if len(modes) > 1:
+        raise BadInput(f"choose one of --{' / --'.join(modes)}")
     return Options(
         workers=kwargs.get("workers") or default_workers,
         chunk=kwargs["chunk"],
         method=kwargs["method"],
-        mode=kwargs.get("mode") or "warm",
+        mode=modes[0] if modes else "warm",
         force=kwargs["force"],
         headroom=kwargs["headroom"],
         json_out=kwargs["json_out"],

@@ -237,3 +237,12 @@ def test_rich_progress_on_a_terminal() -> None:
         view.update(Progress(2 << 30, 4 << 30, 1.0, 4, 8))
     text = buf.getvalue()
     assert "warming" in text and "files 4/8" in text and "2.0/4.0 GiB" in text
+
+
+def test_conflicting_modes_are_refused(model_dir: Path) -> None:
+    for cmd in (
+        prewarm_cmd(str(model_dir), "--evict", "--cold"),
+        sparkctl("prewarm", str(model_dir), "--status", "--measure-disk"),
+    ):
+        r = run(cmd)
+        assert r.returncode == 2 and "choose one of" in r.stderr and "Traceback" not in r.stderr
