@@ -271,10 +271,20 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
         targets = [found]
     else:
         raise UserError("name the recipe to stop, or use --all", hint="see what runs: sparkctl status")
+    failures: list[RuntimeFailure] = []
     for st in targets:
-        get_runtime(st.runtime).stop(st, timeout_s=timeout)
+        try:
+            get_runtime(st.runtime).stop(st, timeout_s=timeout)
+        except RuntimeFailure as exc:  # with --all, one unreachable server must not keep the others up
+            if len(targets) == 1:
+                raise
+            click.echo(f"error: {st.recipe}: {exc}", err=True)
+            failures.append(exc)
+            continue
         state_files.remove(st.recipe)
         click.echo(f"stopped {st.recipe}")
+    if failures:
+        raise RuntimeFailure(f"{len(failures)} of {len(targets)} server(s) could not be stopped (see above)")
 
 
 def _find_state(recipe: str) -> Any:

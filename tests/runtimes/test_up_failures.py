@@ -248,3 +248,42 @@ def test_a_failing_doctor_check_stops_up_before_anything_starts(tmp_path):
     assert "hint: " in res.stderr
     assert not (tmp_path / "state" / "servers").exists()
     assert not (tmp_path / "state" / "logs").exists()  # nothing was launched
+
+
+def test_a_port_held_by_a_stranger_is_named(tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        res = _sparkctl(tmp_path, "up", "tiny", "--port", str(port))
+    assert res.returncode == 2, res.stderr
+    assert f"error: port {port} on 127.0.0.1 is already in use by pid {os.getpid()} (" in res.stderr
+    assert "--port" in res.stderr
+    assert not (tmp_path / "state" / "servers").exists()
+
+
+def test_a_stale_state_file_is_cleaned_up_by_the_next_up(tmp_path):
+    marker = f"stale-{os.getpid()}"
+    recipe = _recipe(tmp_path, "stale", f"import sys  # {marker}\nsys.exit(4)\n")
+    servers = tmp_path / "state" / "servers"
+    servers.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = {
+        "recipe": "stale",
+        "runtime": "native",
+        "recipe_hash": "0" * 64,
+        "base_url": "http://127.0.0.1:1",
+        "port": 1,
+        "served_model_name": "stale",
+        "started_at": time.time() - 300,
+        "pid": dead.pid,
+        "extra": {"create_time": "1.0", "pgid": str(dead.pid)},
+    }
+    (servers / "stale.json").write_text(json.dumps(old))
+    res = _sparkctl(tmp_path, "up", str(recipe), "--port", str(free_port()))
+    assert "stale had a state file but was not running (cleaned up)" in res.stderr
+    assert res.returncode == 1 and "process exited with code 4" in res.stderr
+    _nothing_left(tmp_path, marker)
