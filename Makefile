@@ -57,6 +57,11 @@ test-fast: install ## unit tests only (no servers)
 bench-prewarm: install ## cold-read benchmark of prewarm: 4 GiB of shards under /var/tmp (removed after); see bench/PERF.md
 	$(BIN)/python bench/prewarm_bench.py
 
+# nvcc only (no torch, no GPU): the gate CI and the Docker image run; ARCHS="sm_121" narrows the targets.
+ARCHS ?= sm_90 sm_121
+kernels: ## compile the EXL3 CUDA kernels with nvcc (sm_90, sm_121) and print ptxas' register/spill report
+	$(PYTHON) kernels/build_kernels.py $(foreach a,$(ARCHS),--arch $(a))
+
 golden: install ## after an intended recipe/planner change: regenerate tests/planner/golden and recipes/README.md
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/planner/test_golden_commands.py
 	$(BIN)/python -m sparkctl.recipe.reference > recipes/README.md.tmp && mv recipes/README.md.tmp recipes/README.md

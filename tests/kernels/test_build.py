@@ -1,0 +1,169 @@
+"""The EXL3 CUDA kernels compile with the host nvcc for the GB10 (sm_121) and the H200 (sm_90), without spills.
+
+Runs the same build as `make kernels` (kernels/build_kernels.py). The kernels' numerical checks need a GPU and live
+in kernels/bench/run.py (results in kernels/PERF.md); here we prove the build and the Python face of the loader on a
+machine without one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sparkctl_exl3 import cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = ROOT / "kernels"
+
+
+def _load_build_module():
+    spec = importlib.util.spec_from_file_location("build_kernels", KERNELS / "build_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["build_kernels"] = module  # dataclasses look their module up there
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+build_kernels = _load_build_module()
+NVCC = build_kernels.find_nvcc()
+
+# The rates x codebooks the GEMV instantiates: K 1..8 with 3inst/mcg/mul1, and 1.5/2.5/3.5 with mul1.
+EXPECTED_GEMV = {f"gemv K={k} {cb}" for k in range(1, 9) for cb in ("3inst", "mcg", "mul1")} | {
+    f"gemv K={k} mul1" for k in ("1.5", "2.5", "3.5")
+}
+
+
+@pytest.fixture(scope="module")
+def nvcc_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    if NVCC is None:
+        pytest.skip("nvcc not found: the CUDA kernels cannot be compiled on this machine")
+    out = tmp_path_factory.mktemp("nvcc")
+    proc = subprocess.run(
+        [sys.executable, str(KERNELS / "build_kernels.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"make kernels failed:\n{proc.stdout}\n{proc.stderr}"
+    return out, proc.stdout
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
+def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str) -> None:
+    out, stdout = nvcc_build
+    objects = sorted((out / arch).glob("*.o"))
+    assert [o.stem for o in objects] == sorted(p.stem for p in (KERNELS / "csrc").glob("*.cu"))
+    assert all(o.stat().st_size > 0 for o in objects)
+    rows = [line.split() for line in stdout.splitlines() if line.startswith(arch)]
+    labels = {" ".join(r[1:4]) for r in rows if r[1] == "gemv"}
+    assert labels == EXPECTED_GEMV
+    for r in rows:
+        assert r[-3] == "0/0", f"{arch} {' '.join(r)}: register spills"
+        assert 0 < int(r[-4]) <= 255, f"{arch} {' '.join(r)}: register count"
+    assert "0 spilling" in stdout
+
+
+def test_build_reports_compile_errors(tmp_path: Path) -> None:
+    """A broken kernel must fail the build with nvcc's message, not pass silently."""
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    bad = tmp_path / "broken.cu"
+    bad.write_text("__global__ void k() { this_is_not_defined(); }\n")
+    rc, output, _ = build_kernels.compile_one(NVCC, bad, "sm_90", tmp_path / "out")
+    assert rc != 0 and "this_is_not_defined" in output
+
+
+def test_parse_ptxas_report() -> None:
+    text = (
+        "ptxas info    : Compiling entry function '_ZN4exl311gemv_kernelILi5ELi2EEEvNS_10KernelArgsE' for 'sm_121'\n"
+        "ptxas info    : Function properties for _ZN4exl311gemv_kernelILi5ELi2EEEvNS_10KernelArgsE\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 72 registers, used 1 barriers, 16 bytes smem\n"
+        "ptxas info    : Compiling entry function '_ZN4exl312xprep_kernelEPK6__halfS2_Pjii' for 'sm_121'\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 25 registers, used 0 barriers\n"
+    )
+    gemv, prep = build_kernels.parse_ptxas(text, "exl3_gemv.cu")
+    assert (
+        gemv.label,
+        gemv.arch,
+        gemv.registers,
+        gemv.spill_stores,
+        gemv.spill_loads,
+        gemv.stack,
+        gemv.smem,
+    ) == (
+        "gemv K=2.5 mul1",
+        "sm_121",
+        72,
+        4,
+        12,
+        8,
+        16,
+    )
+    assert (prep.label, prep.registers, prep.smem) == ("xprep_kernel", 25, 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The loader's behaviour where there is no GPU (every CI machine): unavailable with a reason, never a crash.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_loader_without_gpu_is_unavailable_with_reason() -> None:
+    assert cuda.available() is False
+    assert "CUDA" in (cuda.unavailable_reason() or "")
+    x = torch.zeros(1, 128, dtype=torch.float16)
+    trellis = torch.zeros(8, 8, 32, dtype=torch.int16)
+    suh, svh = torch.ones(128, dtype=torch.float16), torch.ones(128, dtype=torch.float16)
+    assert cuda.supports(x, trellis, suh, svh, 2) is False  # CPU tensors never go to the kernel
+    with pytest.raises(RuntimeError, match="unavailable"):
+        cuda.gemv(x, trellis, suh, svh, 2)
+
+
+def test_supports_predicate_shapes() -> None:
+    """supports() is pure shape/dtype logic: check it on meta tensors that claim to be CUDA-free-standing."""
+
+    class FakeCuda:
+        def __init__(self, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+            self.shape, self.dtype, self.is_cuda = shape, dtype, True
+
+        def dim(self) -> int:
+            return len(self.shape)
+
+        def numel(self) -> int:
+            n = 1
+            for s in self.shape:
+                n *= s
+            return n
+
+    f16, i16 = torch.float16, torch.int16
+    suh, svh = FakeCuda((256,), f16), FakeCuda((384,), f16)
+
+    def ok(rows: int, last: int, cb: int, x_dtype: torch.dtype = f16, tk: int = 16) -> bool:
+        return cuda.supports(FakeCuda((rows, 16 * tk), x_dtype), FakeCuda((tk, 24, last), i16), suh, svh, cb)
+
+    assert ok(1, 64, 2) and ok(8, 128, 0) and ok(3, 16, 1)
+    assert ok(1, 40, 2) and not ok(1, 40, 0)  # 2.5 bits: mul1 only
+    assert not ok(9, 64, 2)  # more than 8 rows per launch: the op layer groups them
+    assert not ok(1, 64, 2, torch.bfloat16)
+    assert not ok(1, 64, 2, tk=4)  # I = 64 is not a multiple of 128
+    assert not ok(1, 144, 2)  # 9 bits
+
+
+def test_bench_refuses_without_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run(
+        [sys.executable, str(KERNELS / "bench" / "run.py"), "--skip-bench"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
