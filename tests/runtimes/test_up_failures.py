@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from sparkctl.server.ports import free_port
 
@@ -59,11 +58,12 @@ def _nothing_left(tmp_path: Path, marker: str) -> None:
     """No state file and no process whose command line carries this test's marker."""
     servers = tmp_path / "state" / "servers"
     assert not servers.exists() or list(servers.iterdir()) == []
-    leftovers = []
-    for p in psutil.process_iter(["cmdline"]):
-        with pytest.MonkeyPatch.context():
-            if marker in " ".join(p.info["cmdline"] or []):
-                leftovers.append(p.pid)
+    time.sleep(0.2)  # an orphan the init process has not reaped yet still shows up for a moment
+    leftovers = [
+        (p.pid, p.info["status"], p.info["ppid"])
+        for p in psutil.process_iter(["cmdline", "status", "ppid"])
+        if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
     assert leftovers == []
 
 
@@ -140,8 +140,8 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert "interrupted: stopped what this `up` had started" in err
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert "interrupted: stopped what this `up` had started" in err, err
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, err
     _nothing_left(tmp_path, marker)
 
 
