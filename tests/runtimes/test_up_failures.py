@@ -287,3 +287,21 @@ def test_a_stale_state_file_is_cleaned_up_by_the_next_up(tmp_path):
     assert "stale had a state file but was not running (cleaned up)" in res.stderr
     assert res.returncode == 1 and "process exited with code 4" in res.stderr
     _nothing_left(tmp_path, marker)
+
+
+def test_offline_up_of_an_uncached_hub_model_fails_before_launch(tmp_path, monkeypatch):
+    recipe = tmp_path / "absent.yaml"
+    recipe.write_text(
+        "schema: 1\nname: absent\nruntime: native\n"
+        "model: {repo: sparkctl-test/absent-model, revision: main}\n"
+        "engine: {device: cpu}\n"
+        "serve: {max_model_len: 512, kv_cache_memory_bytes: 268435456}\n"
+    )
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))  # inherited by the CLI via os.environ
+    res = _sparkctl(tmp_path, "up", str(recipe), "--offline", "--port", str(free_port()))
+    assert res.returncode == 1, res.stderr
+    assert (
+        "error: model sparkctl-test/absent-model@main is not in the local Hugging Face cache "
+        "and --offline forbids downloading"
+    ) in res.stderr
+    assert not (tmp_path / "state" / "logs").exists()  # stopped before launch
