@@ -510,3 +510,16 @@ def test_moe_tensor_parallel_cut(vllm_env: object, monkeypatch: pytest.MonkeyPat
         [sum(0.5 * _expert_ref(x[t : t + 1], w, int(topk_ids[t, k]))[0] for k in range(2)) for t in range(4)]
     )
     torch.testing.assert_close(partials[0] + partials[1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_log_layers_setting(
+    vllm_env: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("VLLM_EXL3_LOG_LAYERS", "1")
+    block = _Block(_config())
+    _load(block, _block_weights())
+    with caplog.at_level("INFO", logger="sparkctl_exl3.vllm_plugin"):
+        _finish(block.self_attn.qkv_proj)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "exl3 l.self_attn.k_proj: K=3 codebook=mcg trellis=(16, 8, 48)" in lines
+    assert "exl3 l.self_attn.v_proj: K=2.5 codebook=mul1 trellis=(16, 8, 40)" in lines

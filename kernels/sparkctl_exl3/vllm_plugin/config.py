@@ -104,6 +104,12 @@ class EXL3Config(QuantizationConfig):
         if not path.is_dir():
             return  # a hub id: vLLM downloads later; every linear is then taken to be EXL3
         index = storage.scan_checkpoint(path)
+        if index.row_codec:
+            raise Exl3LoadError(
+                f"{model_name}: {sorted(index.row_codec)[0]} is stored in exllamav3's quantized-embedding row "
+                "codec (--embed_bits: .trellis + .signs), which the plugin does not load; convert the model "
+                "with embeddings left unquantized (the default)"
+            )
         if index.files and not index.exl3:
             if index.legacy:
                 raise Exl3LoadError(

@@ -33,6 +33,8 @@ class CheckpointIndex:
     exl3: set[str] = field(default_factory=set)
     plain: set[str] = field(default_factory=set)
     legacy: set[str] = field(default_factory=set)
+    #: embeddings in exllamav3 1.6.5's row codec (``--embed_bits``: ``.trellis`` + ``.signs``, SPEC 1.5)
+    row_codec: set[str] = field(default_factory=set)
     files: int = 0
 
 
@@ -61,7 +63,9 @@ def scan_checkpoint(model_dir: Path) -> CheckpointIndex:
             prefix, _, leaf = name.rpartition(".")
             groups.setdefault(prefix, set()).add(leaf)
     for prefix, leaves in groups.items():
-        if "trellis" in leaves:
+        if "trellis" in leaves and "signs" in leaves:
+            index.row_codec.add(prefix)
+        elif "trellis" in leaves:
             index.exl3.add(prefix)
         elif "weight" in leaves:
             index.plain.add(prefix)
