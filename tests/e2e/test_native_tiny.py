@@ -3,8 +3,14 @@ port clash -> down -> nothing left. One server start for the whole module (see c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -81,6 +87,31 @@ def test_logs_tail_and_the_log_file(tiny_server):
     assert everything.startswith("# sparkctl: starting tiny: ")
     assert "POST /v1/chat/completions" in everything  # the smoke test and our chats were served
     assert Path(tiny_server.up["log_path"]).is_file()
+
+
+def test_logs_follow_shows_new_requests_as_they_happen(tiny_server):
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "logs", "tiny", "--follow", "--tail", "0"],
+        env=tiny_server.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in follow.stdout], daemon=True).start()
+    try:
+        time.sleep(1.5)  # let it reach the end of the file
+        httpx.get(f"{tiny_server.up['base_url']}/v1/models", timeout=10)
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        while not any('"GET /v1/models HTTP/1.1" 200' in x for x in seen):
+            assert time.monotonic() < deadline, f"logs -f never showed the request: {seen}"
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=0.5))
+        assert follow.poll() is None  # still following: the server runs
+    finally:
+        follow.terminate()
+        follow.wait(timeout=10)
 
 
 def test_up_again_is_idempotent(tiny_server):
