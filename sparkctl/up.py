@@ -142,6 +142,14 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     if opts.dry_run:
         return UpResult(plan=plan, dry_run=True, timings=timings)
 
+    with state_files.starting(plan.recipe_name):
+        return _start(opts, recipe, plan, rep, t_start, timings)
+
+
+def _start(
+    opts: UpOptions, recipe: Any, plan: Plan, rep: Reporter, t_start: float, timings: dict[str, float]
+) -> UpResult:
+    """Everything after validation, run while holding the recipe's start lock."""
     runtime = get_runtime(plan.runtime)
 
     # already up? port free? -------------------------------------------------------------------------

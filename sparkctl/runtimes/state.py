@@ -7,10 +7,13 @@ later `down` would choke on.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
@@ -100,3 +103,27 @@ def remove(recipe: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def starting(recipe: str) -> Iterator[None]:
+    """Hold while `up` starts `recipe`, so two concurrent `up`s of one recipe cannot both launch.
+
+    Without it the loser's clean-up would remove the winner's state file and leak its server. A
+    flock dies with its process, so a killed `up` never leaves a stale lock behind.
+    """
+    lock_dir = paths.state_dir() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    path = lock_dir / f"{state_path(recipe).stem}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeFailure(
+                f"another `sparkctl up {recipe}` is starting it right now",
+                hint=f"wait for it to finish, then check: sparkctl status {recipe}",
+            ) from None
+        yield
+    finally:
+        os.close(fd)

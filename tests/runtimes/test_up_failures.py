@@ -305,3 +305,36 @@ def test_offline_up_of_an_uncached_hub_model_fails_before_launch(tmp_path, monke
         "and --offline forbids downloading"
     ) in res.stderr
     assert not (tmp_path / "state" / "logs").exists()  # stopped before launch
+
+
+def test_a_second_concurrent_up_of_the_same_recipe_is_refused(tmp_path):
+    marker = f"concurrent-{os.getpid()}"
+    recipe = _recipe(tmp_path, "busy", f"import time  # {marker}\ntime.sleep(600)\n", health_timeout=300)
+    port = free_port()
+    first = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(port)],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    state_file = tmp_path / "state" / "servers" / "busy.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not state_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state_file.exists()
+        first_pid = json.loads(state_file.read_text())["pid"]
+        second = _sparkctl(tmp_path, "up", str(recipe), "--port", str(port))
+        assert second.returncode == 1, second.stderr
+        assert "another `sparkctl up busy` is starting it right now" in second.stderr
+        # The first one's server and state are untouched.
+        assert json.loads(state_file.read_text())["pid"] == first_pid
+        assert psutil.pid_exists(first_pid)
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    _nothing_left(tmp_path, marker)
