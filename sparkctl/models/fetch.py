@@ -13,7 +13,10 @@ a truncated download fails here with one line instead of minutes later inside th
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -64,7 +67,7 @@ def local_model_path(source: ModelSource, *, cache_dir: str | Path | None = None
         return p if p.is_dir() else None
     if source.generate:
         p = paths.generated_model_dir(source.generate)
-        return p if p.is_dir() else None
+        return p if p.is_dir() and _is_current(p, generator_fingerprint(source.generate)) else None
     return None
 
 
@@ -179,15 +182,48 @@ def _local(source: ModelSource) -> Path:
     return p.resolve()
 
 
-def _generate(name: str) -> Path:
-    """Run the named generator once; later calls reuse its output (the rename marks it complete)."""
-    target = paths.generated_model_dir(name)
-    if target.is_dir():
-        return target
+MARKER = ".sparkctl-generated.json"
+
+
+def generator_fingerprint(name: str) -> str:
+    """Hash of the generator's spec and its module's source: a changed generator means a stale model.
+
+    Read from the file, not by importing it (the EXL3 writers import torch), so checking is cheap.
+    """
     spec = GENERATORS.get(name)
     if spec is None:
         valid = ", ".join(sorted(GENERATORS))
         raise UserError(f"unknown model generator {name!r}", hint=f"model.generate must be one of: {valid}")
+    module_name = spec.split(":")[0]
+    digest = hashlib.sha256(spec.encode())
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.origin and os.path.isfile(found.origin):
+        digest.update(Path(found.origin).read_bytes())
+    return digest.hexdigest()
+
+
+def _is_current(target: Path, fingerprint: str) -> bool:
+    try:
+        marker = json.loads((target / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("fingerprint") == fingerprint
+
+
+def _generate(name: str) -> Path:
+    """Run the named generator once; later calls reuse its output while the generator is unchanged.
+
+    The output appears by a rename, so a directory at the target is always complete; its marker file
+    records which generator version wrote it, and an outdated one is regenerated and swapped in.
+    """
+    target = paths.generated_model_dir(name)
+    fingerprint = generator_fingerprint(name)
+    if target.is_dir() and _is_current(target, fingerprint):
+        return target
+    spec = GENERATORS[name]
     module_name, attr = spec.split(":")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
@@ -200,12 +236,21 @@ def _generate(name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=target.parent))
     try:
         fn(tmp)
+        (tmp / MARKER).write_text(
+            json.dumps({"generator": name, "spec": spec, "fingerprint": fingerprint}) + "\n"
+        )
         _share(tmp)
-        try:
+        if target.is_dir():  # an outdated copy: move it aside first (a server may still read it)
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".old", dir=target.parent))
+            os.rename(target, old / "model")
             os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():  # a concurrent `up` finished first: use its copy
-                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not target.is_dir():  # a concurrent `up` finished first: use its copy
+                    raise
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, Exception) and not isinstance(exc, RuntimeFailure | UserError):

@@ -152,3 +152,29 @@ def test_unknown_generator_lists_valid_names():
 def test_no_source_at_all():
     with pytest.raises(UserError, match="names no source"):
         fetch.resolve_model(ModelSource())
+
+
+def test_a_model_from_an_older_generator_is_regenerated():
+    src = ModelSource(generate="tiny-llama")
+    d = fetch.resolve_model(src)
+    marker = json.loads((d / fetch.MARKER).read_text())
+    assert marker["fingerprint"] == fetch.generator_fingerprint("tiny-llama")
+    # Pretend an older tiny.py wrote it: other fingerprint, and a file the current generator does not write.
+    (d / fetch.MARKER).write_text(json.dumps({**marker, "fingerprint": "0" * 64}))
+    (d / "left-over-from-old-version.txt").write_text("x")
+    assert fetch.local_model_path(src) is None  # outdated counts as absent
+    again = fetch.resolve_model(src)
+    assert again == d
+    assert not (d / "left-over-from-old-version.txt").exists()
+    assert json.loads((d / fetch.MARKER).read_text())["fingerprint"] == marker["fingerprint"]
+    assert [p.name for p in d.parent.iterdir()] == ["tiny-llama"]  # the old copy was removed
+    # A directory from before markers existed is treated the same way.
+    (d / fetch.MARKER).unlink()
+    assert fetch.resolve_model(src) == d and (d / fetch.MARKER).is_file()
+
+
+def test_fingerprint_follows_the_generator_source():
+    assert fetch.generator_fingerprint("tiny-llama") == fetch.generator_fingerprint("tiny-llama")
+    assert fetch.generator_fingerprint("tiny-llama") != fetch.generator_fingerprint("tiny-exl3-dense")
+    with pytest.raises(UserError, match="unknown model generator"):
+        fetch.generator_fingerprint("nope")
