@@ -63,7 +63,19 @@ def test_recipes_are_found_from_an_installed_wheel(tmp_path: Path) -> None:
     # dependencies (pydantic, yaml, rich, click) from the dev venv, without its editable sparkctl finder
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(target), str(wheel)],
+        # --ignore-installed: without it pip uninstalls the dev venv's editable sparkctl first
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--ignore-installed",
+            "--prefix",
+            str(target),
+            str(wheel),
+        ],
         env=env,
     )
 
