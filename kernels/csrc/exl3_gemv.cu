@@ -117,35 +117,31 @@ __device__ __forceinline__ uint32_t bits16(const uint32_t (&w)[NW]) {
 // for mul1 its low 16 bits are the fp16 1024 + byte sum.
 template <int CB>
 __device__ __forceinline__ uint32_t cb_hash(uint32_t s) {
-  if constexpr (CB == 0) {
-    const uint32_t x = s * 89226354u + 64248484u;
-    return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
-  } else if constexpr (CB == 1) {
-    const uint32_t x = s * 0xCBAC1FEDu;
-    return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+  if constexpr (CB == 0 || CB == 1) {
+    const uint32_t x = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
+    // (x & 0x8FFF8FFF) ^ 0x3B603B60 as ONE lop3 (LUT 0x6A): written plainly, ptxas emits two LOP3s with an
+    // immediate each rather than keep the xor constant in a register.
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(r) : "r"(x), "n"(0x8FFF8FFF), "r"(0x3B603B60u));
+    return r;
   } else {
     const uint32_t x = s * 0x83DCD12Du;
     return __dp4a(x, 0x01010101u, 0x6400u);
   }
 }
 
-// Two hashed states -> half2 of their codebook values (low half = first). One fp16 add (3INST/MCG) or one fused
-// fp16 FMA (mul1) per pair: both round once, as the spec requires for bit-exactness.
-template <int CB>
-__device__ __forceinline__ uint32_t cb_pair(uint32_t h0, uint32_t h1) {
-  if constexpr (CB == 2) {
-    const __half2 k_inv = u32_as_h2(0x1EEE1EEEu);
-    const __half2 k_bias = u32_as_h2(0xC931C931u);
-    return h2_as_u32(__hfma2(u32_as_h2(__byte_perm(h0, h1, 0x5410)), k_inv, k_bias));
-  } else {
-    // lo + hi of each word with HADD2's operand swizzles (fp16 pipe), then one PRMT to pair them: one ALU op per
-    // pair instead of two, and the integer ALU is this kernel's busiest pipe on sm_90 (kernels/PERF.md).
-    const __half2 a = u32_as_h2(h0), b = u32_as_h2(h1);
-    const __half2 va = __hadd2(__low2half2(a), __high2half2(a));
-    const __half2 vb = __hadd2(__low2half2(b), __high2half2(b));
-    return __byte_perm(h2_as_u32(va), h2_as_u32(vb), 0x5410);
-  }
-}
+// Decode without rounding each weight to fp16 first, so no packing of two values into one register:
+// * 3INST/MCG: the hashed word IS the half2 (lo, hi) whose sum is the weight, so it goes into the mma as it is,
+//   against a B fragment holding each x' value twice: lo*x + hi*x = (lo + hi)*x.
+// * mul1: DP4A leaves (1024 + byte sum) as an fp16 in the low half and +0 in the high half; the mma multiplies
+//   it by x' directly and the affine map k_inv * h + k_bias is applied to the sums (k_bias times the sum of x').
+// The 8 weights of a lane then fill two A fragments (positions 0,4,2,6 and 1,5,3,7), i.e. two mmas per tile
+// instead of one, and the pairing PRMT and the fp16 add/FMA per weight disappear: the integer ALU is this
+// kernel's busiest pipe on sm_90 (kernels/PERF.md). The products and sums are fp32, so the only difference from
+// the spec's rounded fp16 weights is that rounding (about 2^-12 relative per weight), well inside the 1e-3
+// tolerance on y that the reference paths themselves have.
+constexpr float kMul1Inv = 0.00676727294921875f;  // fp16 0x1EEE
+constexpr float kMul1Bias = -10.3828125f;         // fp16 0xC931
 
 template <int K2, int CB, int BASE, int NW>
 struct TileDecoder {
@@ -153,13 +149,18 @@ struct TileDecoder {
   static __device__ __forceinline__ uint32_t h(const uint32_t (&w)[NW]) {
     return cb_hash<CB>(bits16<BASE + Rate<K2>::off(E), NW>(w));
   }
-  // The lane's 8 weights as the A fragment of W_hat^T (rows = output columns n, cols = inputs k):
-  // reg0 = positions 0,1 (n = g, k = 2c..2c+1), reg1 = 4,5 (n = g+8), reg2 = 2,3 (k + 8), reg3 = 6,7.
-  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&a)[4]) {
-    a[0] = cb_pair<CB>(h<0>(w), h<1>(w));
-    a[2] = cb_pair<CB>(h<2>(w), h<3>(w));
-    a[1] = cb_pair<CB>(h<4>(w), h<5>(w));
-    a[3] = cb_pair<CB>(h<6>(w), h<7>(w));
+  // A fragments of W_hat^T (rows = output columns n, cols = inputs k). Lane (g, c) owns positions e = 0..7 at
+  // n = g + 8*(e>>2), k = 2c + (e&1) + 8*((e>>1)&1): even positions go to the k = 2c / 2c+8 slots of the first
+  // mma, odd ones to the same slots of the second (whose B carries x'[2c+1] / x'[2c+9] there).
+  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4]) {
+    ae[0] = h<0>(w);
+    ae[1] = h<4>(w);
+    ae[2] = h<2>(w);
+    ae[3] = h<6>(w);
+    ao[0] = h<1>(w);
+    ao[1] = h<5>(w);
+    ao[2] = h<3>(w);
+    ao[3] = h<7>(w);
   }
 };
 
@@ -310,7 +311,24 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   }
   __syncthreads();
 
-  // --- main loop: decode 8 tiles per slab into A fragments, one mma each ---------------------------------------
+  // mul1: the sum of this slice's x' per row, for the k_bias term (see TileDecoder)
+  __shared__ float xsum[kMaxRows];
+  if constexpr (CB == 2) {
+    if (warp < m) {
+      const uint2* xf = reinterpret_cast<const uint2*>(smem + L.xfrag);
+      float s = 0.0f;
+      for (int idx = lane; idx < 8 * nch * 4; idx += 32) {
+        const uint2 v = xf[((idx >> 2) * m + warp) * 4 + (idx & 3)];
+        const float2 a = __half22float2(u32_as_h2(v.x)), c = __half22float2(u32_as_h2(v.y));
+        s += (a.x + a.y) + (c.x + c.y);
+      }
+#pragma unroll
+      for (int mask = 16; mask > 0; mask >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, mask);
+      if (lane == 0) xsum[warp] = s;
+    }
+  }
+
+  // --- main loop: decode 8 tiles per slab into A fragments, two mmas each ---------------------------------------
   // This lane's window (SPEC 2.2): starts at ring bit 4*K2*lane + end(0) - 16, i.e. word a, bit o.
   const int win = (4 * K2 * lane + Rate<K2>::end(0) - 16 + R::kRingBits) % R::kRingBits;
   const int o = win & 31;
@@ -332,6 +350,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
     const int sl = warp + 8 * i;
     uint2 b = make_uint2(0u, 0u);
     if (has_row) b = xfrag[(sl * m + g) * 4 + (lane & 3)];
+    // B fragments: b = (x'[2c], x'[2c+1]), (x'[2c+8], x'[2c+9]) for row g (see TileDecoder)
+    uint32_t be0, be1, bo0, bo1;
+    if constexpr (CB == 2) {
+      be0 = b.x;
+      be1 = b.y;
+      bo0 = __byte_perm(b.x, 0u, 0x1032);  // (x'[2c+1], x'[2c])
+      bo1 = __byte_perm(b.y, 0u, 0x1032);
+    } else {
+      be0 = __byte_perm(b.x, 0u, 0x1010);  // (x'[2c], x'[2c])
+      be1 = __byte_perm(b.y, 0u, 0x1010);
+      bo0 = __byte_perm(b.x, 0u, 0x3232);  // (x'[2c+1], x'[2c+1])
+      bo1 = __byte_perm(b.y, 0u, 0x3232);
+    }
     const unsigned char* st = ring + (i % R::kStages) * R::kSlabBytes;
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -339,16 +370,17 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
       uint32_t raw[R::kRawWords];
 #pragma unroll
       for (int j = 0; j < R::kRawWords; ++j) raw[j] = *reinterpret_cast<const uint32_t*>(tw + widx[j]);
-      uint32_t a[4];
+      uint32_t ae[4], ao[4];
       if constexpr (R::kFixed) {
-        TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, a);
+        TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, ae, ao);
       } else {
         uint32_t nw[R::kNormWords];
 #pragma unroll
         for (int j = 0; j < R::kNormWords; ++j) nw[j] = __funnelshift_l(raw[j + 1], raw[j], o);
-        TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, a);
+        TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, ae, ao);
       }
-      mma_16816(acc[t], a, b.x, b.y);
+      mma_16816(acc[t], ae, be0, be1);
+      mma_16816(acc[t], ao, bo0, bo1);
     }
   }
   cp_async_wait<0>();
@@ -381,6 +413,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
     float s = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += red[(w * m + row) * kRedStride + n];
+    if constexpr (CB == 2) s = kMul1Inv * s + kMul1Bias * xsum[row];
     if (p.ksplit == 1) zsum[idx] = s;
     else p.partials[(static_cast<size_t>(split) * m + row) * out + n0 + n] = s;
   }
