@@ -110,7 +110,15 @@ def test_builds_kernels_for_sm121_and_checks_itself(ins) -> None:
     args = arg_defaults(ins)
     assert args["TORCH_CUDA_ARCH_LIST"] == "12.1"
     runs = " ".join(rest for _, word, rest in ins if word == "RUN")
-    assert "sparkctl_exl3.cuda build" in runs or "make kernels" in runs
+    assert "make kernels PYTHON=python3 ARCHS=sm_121" in runs  # the nvcc gate, for the Spark's arch
+    assert "python3 -m sparkctl_exl3.cuda build" in runs  # the torch extension the server loads
+    assert "Makefile" in copy_sources(ins)
+    # the variables the image sets must be the ones `make kernels` reads
+    makefile = (REPO / "Makefile").read_text()
+    recipe = re.search(r"^kernels:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe, "the Makefile has no kernels target"
+    assert "$(PYTHON)" in recipe.group(1) and "$(ARCHS)" in recipe.group(1)
+    assert re.search(r"^ARCHS \?=", makefile, re.M) and re.search(r"^PYTHON \?=", makefile, re.M)
     assert "docker/smoke.py" in runs
     health = next(rest for _, word, rest in ins if word == "HEALTHCHECK")
     assert "/opt/sparkctl/docker/healthcheck.py" in health
