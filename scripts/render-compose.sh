@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate docker/compose.yml with `sparkctl render glm-5.3-flash --format compose`
-# (tests/docker/test_compose.py checks the checked-in file is in sync). The renderer writes this
+# (tests/docker/test_docker_compose.py checks the checked-in file is in sync). The renderer writes this
 # machine's home directory into bind-mount sources; it becomes ${HOME}, which compose interpolates, so
 # the checked-in file works for whoever runs it on the Spark. Container paths are left alone.
 set -euo pipefail
