@@ -185,6 +185,8 @@ def test_dry_run_prints_the_plan_and_does_nothing(tmp_path):
     assert not (tmp_path / "cache" / "models").exists()  # not even the tiny model was generated
     js = _sparkctl(tmp_path, "up", "tiny", "--dry-run", "--json")
     assert json.loads(js.stdout)["plan"]["recipe_name"] == "tiny"
+    any_port = json.loads(_sparkctl(tmp_path, "up", "tiny", "--dry-run", "--json", "--port", "0").stdout)
+    assert 1024 <= any_port["plan"]["port"] <= 65535  # --port 0: a free port picked by the kernel
 
 
 def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
