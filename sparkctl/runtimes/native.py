@@ -266,11 +266,14 @@ def follow_file(
         return
     with fh:
         lines = deque(fh, maxlen=tail) if tail is not None else fh
+        pending = ""
         for line in lines:
+            if follow and not line.endswith("\n"):
+                pending = line  # the last line, still being written: finish it before yielding
+                break
             yield line.rstrip("\n")
         if not follow:
             return
-        pending = ""
         while True:
             chunk = fh.readline()
             if chunk:

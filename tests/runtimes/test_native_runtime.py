@@ -163,3 +163,15 @@ def test_follow_file_missing_and_partial_lines(tmp_path):
     assert list(follow_file(p, tail=2)) == ["b", "c"]
     assert tail_lines(p, 0) == []
     assert tail_lines(None, 5) == []
+
+
+def test_follow_completes_a_line_that_was_half_written(tmp_path):
+    p = tmp_path / "half.log"
+    p.write_text("first\nsec")
+    done = {"alive": True}
+    gen = follow_file(p, follow=True, alive=lambda: done["alive"], poll_s=0.01)
+    assert next(gen) == "first"
+    with open(p, "a") as fh:
+        fh.write("ond\nthird\n")
+    done["alive"] = False
+    assert list(gen) == ["second", "third"]
