@@ -261,6 +261,21 @@ def test_port_taken_by_our_server(server: Server, e2e_env: Env, docker_client) -
     assert_nothing_left(e2e_env, docker_client, "tiny-docker-port")
 
 
+def test_daemon_unreachable_while_serving(server: Server, e2e_env: Env, tmp_path) -> None:
+    """With DOCKER_HOST pointing at a dead socket, `status` reports the error in its row and `down`
+    refuses (exit 1, state kept): the container may well still be running on the real daemon."""
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/dead.sock"}
+    status = e2e_env.sparkctl("status", "--json", extra_env=dead)
+    assert status.returncode == 0, status.stderr
+    (row,) = json.loads(status.stdout)
+    assert row["error"] == f"Docker daemon not reachable at unix://{tmp_path}/dead.sock"
+    down = e2e_env.sparkctl("down", SERVER, extra_env=dead)
+    assert down.returncode == 1 and "error: Docker daemon not reachable at" in down.stderr
+    assert "Traceback" not in down.stderr
+    assert [p.stem for p in e2e_env.state_files()] == [SERVER]
+    assert httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=5).status_code == 200
+
+
 def test_down_removes_everything(server: Server, e2e_env: Env, docker_client) -> None:
     proc = e2e_env.sparkctl("down", SERVER, timeout=90)
     assert proc.returncode == 0, proc.stderr
