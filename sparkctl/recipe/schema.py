@@ -459,11 +459,12 @@ class ClusterSpec(Strict):
     tensor_parallel: Annotated[int, Field(default=1, gt=0, description="--tensor-parallel-size.")]
     pipeline_parallel: Annotated[int, Field(default=1, gt=0, description="--pipeline-parallel-size.")]
     executor: Annotated[
-        Literal["ray", "mp"] | None,
+        Literal["ray", "mp", "uni"] | None,
         Field(
             default=None,
             description="--distributed-executor-backend; ray is required for more than one node here "
-            "(start the Ray cluster first).",
+            "(start the Ray cluster first); uni runs the one worker inside the engine process (a faster "
+            "start for single-process CPU serving).",
         ),
     ]
     head_address: Annotated[

@@ -7,6 +7,7 @@ DO_NOT_TRACK=1 \
   --served-model-name tiny-exl3-twin \
   --host 127.0.0.1 \
   --port 8011 \
+  --distributed-executor-backend uni \
   --dtype float32 \
   --max-model-len 512 \
   --kv-cache-memory-bytes 268435456 \

@@ -7,6 +7,7 @@ DO_NOT_TRACK=1 \
   --served-model-name tiny-exl3 \
   --host 127.0.0.1 \
   --port 8010 \
+  --distributed-executor-backend uni \
   --quantization exl3 \
   --dtype float32 \
   --max-model-len 512 \
