@@ -215,6 +215,20 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
         finally:
             del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
 
+    # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layout (8 rows, x' fused per block)
+    os.environ["SPARKCTL_EXL3_SMEM_LIMIT"] = str(99 * 1024)
+    os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = "99"
+    try:
+        trellis, suh, svh = random_layer(4096, 512, 16, gen, dev)
+        w = reference.weight(trellis, suh, svh, "mul1").float()
+        x = torch.randn(8, 4096, generator=gen).half().to(dev)
+        ks = cuda.gemv_ksplit(8, 4096, 512, 16, 2)
+        y = cuda.gemv(x, trellis, suh, svh, 2)
+        case = f"99 KiB shared-memory cap, 8 rows fused x', 4096x512 K=8 mul1 (ksplit {ks})"
+        yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
+    finally:
+        del os.environ["SPARKCTL_EXL3_SMEM_LIMIT"], os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
+
     # 3. grouping (>8 rows), the torch op, CUDA graph replay
     trellis, suh, svh = random_layer(1024, 2048, 8, gen, dev)
     w = reference.weight(trellis, suh, svh, "mul1").float()

@@ -226,11 +226,12 @@ struct KernelArgs {
 // Shared memory layout, in bytes (host and device agree through this struct).
 struct SmemLayout {
   int xfrag, xraw, suh, stage, red, zsum, total;
-  __host__ __device__ SmemLayout(int m, int max_chunks, int stage_bytes_per_warp) {
+  // prepped: x' comes ready from xprep_kernel, so no room for raw x and suh (keeps 8 rows inside the GB10's 99 KiB)
+  __host__ __device__ SmemLayout(int m, int max_chunks, int stage_bytes_per_warp, bool prepped) {
     xfrag = 0;                                            // [slab][row][4 lanes] uint2, slabs = 8 * chunks
     xraw = xfrag + max_chunks * 8 * m * 32;               // [row][chunks * 128] fp16, raw x
-    suh = xraw + m * max_chunks * 256;                    // [chunks * 128] fp16
-    stage = suh + max_chunks * 256;                       // [warp][stage][slab bytes]
+    suh = xraw + (prepped ? 0 : m * max_chunks * 256);    // [chunks * 128] fp16
+    stage = suh + (prepped ? 0 : max_chunks * 256);       // [warp][stage][slab bytes]
     const int main_end = stage + kWarps * stage_bytes_per_warp;
     red = 0;                                              // [warp][row][kRedStride] fp32 (after the main loop)
     zsum = red + kWarps * m * kRedStride * 4;             // [row][128] fp32
@@ -253,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   const int c0 = static_cast<int>(static_cast<long long>(split) * n_chunks_k / p.ksplit);
   const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_chunks_k / p.ksplit);
   const int nch = c1 - c0;  // 128-row chunks of this block; each warp handles exactly nch slabs
-  const SmemLayout L(m, p.max_chunks, R::kStages * R::kSlabBytes);
+  const SmemLayout L(m, p.max_chunks, R::kStages * R::kSlabBytes, p.xprep != nullptr);
 
   // --- issue the loads: the first trellis slabs (weights: no dependency on earlier kernels), then, once the
   // --- previous kernel's results are visible, raw x and suh of this slice --------------------------------------
@@ -458,10 +459,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
 // instead of once per block when several rows make the per-block transform expensive.
 __global__ void __launch_bounds__(kThreads) xprep_kernel(const __half* x, const __half* suh, uint32_t* frag32, int m,
                                                          int in_features) {
+  // No early griddepcontrol.launch_dependents: GEMV blocks launched early sit on the SMs waiting for this grid and
+  // crowd out its blocks (8 rows: 38.6 us with an early trigger, 29-30 us without; kernels/PERF.md run 11). The
+  // implicit trigger at block exit still lets them start on the SMs this grid frees.
   grid_dependency_wait();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // let the GEMV start prefetching trellis
-#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int item = blockIdx.x * kWarps + warp;
   if (item >= m * (in_features >> 7)) return;
@@ -545,15 +546,30 @@ int validate(const Exl3GemvParams* p, KernelInfo* k) {
   return EXL3_OK;
 }
 
-int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit) {
+int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool prepped) {
   const int n_chunks_k = p->in_features / 128;
   const int max_chunks = (n_chunks_k + ksplit - 1) / ksplit;
-  return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp).total;
+  return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp, prepped).total;
 }
 
-int min_ksplit(const Exl3GemvParams* p) {
+bool uses_xprep(const Exl3GemvParams* p) { return p->m >= xprep_min_rows(); }
+
+// Smallest split: at most kMaxChunksPerBlock chunks per block, and a block's shared memory within what the device
+// grants one block (99 KiB on sm_120/121, 227 KiB on sm_90).
+int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
+  int dev = 0, limit = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+  e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(shared memory per block)");
+  const char* cap = getenv("SPARKCTL_EXL3_SMEM_LIMIT");  // bytes; lets a big GPU check a small GPU's choices
+  if (cap && atoi(cap) > 0 && atoi(cap) < limit) limit = atoi(cap);
   const int n_chunks_k = p->in_features / 128;
-  return (n_chunks_k + kMaxChunksPerBlock - 1) / kMaxChunksPerBlock;
+  int ks = (n_chunks_k + kMaxChunksPerBlock - 1) / kMaxChunksPerBlock;
+  while (ks < n_chunks_k && smem_bytes(p, k, ks, uses_xprep(p)) > limit) ++ks;
+  if (smem_bytes(p, k, ks, uses_xprep(p)) > limit) return EXL3_ERR_KSPLIT;
+  *out = ks;
+  return EXL3_OK;
 }
 
 // Split-K choice: enough blocks that every multiprocessor gets two of them (one block of 8 warps cannot hide the
@@ -567,7 +583,9 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
   if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute");
   const int n_chunks_k = p->in_features / 128;
   const int n_chunks_n = p->out_features / 128;
-  const int lo = min_ksplit(p);
+  int lo = 0;
+  const int st = min_ksplit(p, k, &lo);
+  if (st != EXL3_OK) return st;
   int best = lo;
   double best_cost = 1e30;
   for (int ks = lo; ks <= n_chunks_k; ++ks) {
@@ -582,7 +600,6 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
       best = ks;
     }
   }
-  (void)k;
   *chosen = best;
   return EXL3_OK;
 }
@@ -599,10 +616,13 @@ extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* part
     st = auto_ksplit(p, k, &ks);
     if (st != EXL3_OK) return st;
   }
-  if (ks < min_ksplit(p) || ks > p->in_features / 128) return EXL3_ERR_KSPLIT;
+  int lo = 0;
+  st = min_ksplit(p, k, &lo);
+  if (st != EXL3_OK) return st;
+  if (ks < lo || ks > p->in_features / 128) return EXL3_ERR_KSPLIT;
   *ksplit = ks;
   *partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
-  *xprep_halfs = p->m >= xprep_min_rows() ? static_cast<size_t>(p->m) * p->in_features : 0;
+  *xprep_halfs = uses_xprep(p) ? static_cast<size_t>(p->m) * p->in_features : 0;
   return EXL3_OK;
 }
 
@@ -669,7 +689,7 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
     e = launch(reinterpret_cast<const void*>(xprep_kernel), dim3((items + kWarps - 1) / kWarps), 0, stream, args);
     if (e != cudaSuccess) return fail_cuda(e, "input-transform kernel launch");
   }
-  const int smem = smem_bytes(p, k, ks);
+  const int smem = smem_bytes(p, k, ks, a.xprep != nullptr);
   e = cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
   void* args[] = {&a};
@@ -685,7 +705,9 @@ extern "C" const char* exl3_gemv_error_string(int status) {
     case EXL3_ERR_SHAPE: return "EXL3 GEMV needs in_features and out_features to be positive multiples of 128";
     case EXL3_ERR_BITS: return "EXL3 GEMV supports 1..8 bits per weight, and 1.5/2.5/3.5 with the mul1 codebook";
     case EXL3_ERR_CODEBOOK: return "EXL3 GEMV: codebook must be 0 (3inst), 1 (mcg) or 2 (mul1); half-integer rates need mul1";
-    case EXL3_ERR_KSPLIT: return "EXL3 GEMV: ksplit out of range for this shape (1 block holds at most 16 chunks of 128 inputs)";
+    case EXL3_ERR_KSPLIT:
+      return "EXL3 GEMV: ksplit out of range for this shape (a block takes at most 16 chunks of 128 inputs and must "
+             "fit the device's shared memory per block)";
     case EXL3_ERR_ALIGN: return "EXL3 GEMV: every tensor must be 16-byte aligned and the scratch buffers present";
     case EXL3_ERR_CUDA: return exl3::g_error;
     default: return "EXL3 GEMV: unknown status";
