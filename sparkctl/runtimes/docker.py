@@ -399,19 +399,22 @@ class DockerRuntime:
     # -- inspect ------------------------------------------------------------------------------------
 
     def _find(self, state: ServerState) -> Container | None:
-        """The container of `state`, by id, else by name if it carries this recipe's label."""
+        """The container of `state`: by id (by name only for a state that has no id).
+
+        Never by name when the id is gone: another state directory (a test's, another user's) may
+        have started a new container of the same recipe under that name, and a stale state must not
+        stop it.
+        """
         from docker.errors import NotFound
 
-        for key in (state.container_id, state.container_name):
-            if not key:
-                continue
-            try:
-                container = self.client.containers.get(key)
-            except NotFound:
-                continue
-            if (container.labels or {}).get(LABEL_RECIPE) == state.recipe:
-                return container
-        return None
+        key = state.container_id or state.container_name
+        if not key:
+            return None
+        try:
+            container = self.client.containers.get(key)
+        except NotFound:
+            return None
+        return container if (container.labels or {}).get(LABEL_RECIPE) == state.recipe else None
 
     @_daemon_errors
     def is_running(self, state: ServerState) -> bool:

@@ -183,7 +183,10 @@ def test_name_in_use(runtime, tmp_path, docker_client) -> None:
     second = runtime.start(http_server_plan("c2-name", port), tmp_path / "b")
     try:
         assert second.container_id != first.container_id
-        assert runtime._find(first) is not None  # found by name: the new one
+        assert runtime._find(first) is None  # the old one is gone; a stale state never finds the new one
+        assert runtime.is_running(second) and not runtime.is_running(first)
+        runtime.stop(first)  # stopping by a stale state leaves the new container alone
+        assert runtime.is_running(second)
         # a running one is left to the caller, with a clear error
         with pytest.raises(RuntimeFailure) as err:
             runtime.start(http_server_plan("c2-name", free_port()), tmp_path / "c")
