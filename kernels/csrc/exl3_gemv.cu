@@ -256,8 +256,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   const int nch = c1 - c0;  // 128-row chunks of this block; each warp handles exactly nch slabs
   const SmemLayout L(m, p.max_chunks, R::kStages * R::kSlabBytes, p.xprep != nullptr);
 
-  // --- issue the loads: the first trellis slabs (weights: no dependency on earlier kernels), then, once the
-  // --- previous kernel's results are visible, raw x and suh of this slice --------------------------------------
+  // --- issue the loads: the first trellis slabs, then raw x and suh of this slice --------------------------------
+  // Programmatic dependent launch: wait for the previous kernel before touching ANY global memory, the trellis
+  // included. Prefetching the trellis before the wait measured 0.2-1 us faster, but it would read stale weights
+  // whenever the kernel just before this one writes them (a weight copy or repack on the same stream), and only
+  // the wait makes the previous kernel's writes visible. What PDL still buys: this grid's blocks are launched and
+  // resident while the previous grid drains.
+  grid_dependency_wait();
   unsigned char* ring = smem + L.stage + warp * (R::kStages * R::kSlabBytes);
   const size_t tiles_n = static_cast<size_t>(p.out_features >> 4);
   // Slab i of this warp = k-tile row 8*c0 + warp + 8*i, tiles 8*col_chunk .. +7 (contiguous in the trellis).
@@ -274,7 +279,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   };
 #pragma unroll
   for (int i = 0; i < R::kStages - 1; ++i) load_slab(i);
-  grid_dependency_wait();  // programmatic dependent launch: x may be the previous kernel's output
   if (p.xprep != nullptr) {
     // this block's slabs 8*c0 .. 8*c1 of the prepared fragments: contiguous, 16*m units of 16 bytes per chunk
     const int units = 16 * m * nch;
@@ -634,8 +638,8 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  // Programmatic dependent launch: this kernel's blocks may start while the previous kernel drains and prefetch
-  // their trellis slabs; griddepcontrol.wait in the kernel orders everything that reads earlier results.
+  // Programmatic dependent launch: this kernel's blocks may be launched while the previous kernel drains; each
+  // kernel's griddepcontrol.wait comes before its first global memory access.
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = use_pdl() ? 1 : 0;
