@@ -153,14 +153,34 @@ struct TileDecoder {
   // n = g + 8*(e>>2), k = 2c + (e&1) + 8*((e>>1)&1): even positions go to the k = 2c / 2c+8 slots of the first
   // mma, odd ones to the same slots of the second (whose B carries x'[2c+1] / x'[2c+9] there).
   static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4]) {
-    ae[0] = h<0>(w);
-    ae[1] = h<4>(w);
-    ae[2] = h<2>(w);
-    ae[3] = h<6>(w);
-    ao[0] = h<1>(w);
-    ao[1] = h<5>(w);
-    ao[2] = h<3>(w);
-    ao[3] = h<7>(w);
+    if constexpr (K2 == 4 && BASE == 0) {
+      // K = 2: states e sit at bits 2e .. 2e+15 of one word. Three shifted copies put every state on a byte
+      // boundary, so each is cut with one SHR or PRMT: 12 ALU ops per 8 states instead of 15 (shift + mask). The
+      // integer ALU pipe is this kernel's limit on sm_90 (kernels/PERF.md, run 16).
+      // the copies via inline PTX: written in C, the compiler folds (w << 2) >> 16 back into shift + mask
+      const uint32_t w0 = w[0];
+      uint32_t w1, w2, w3;
+      asm("shl.b32 %0, %1, 2;" : "=r"(w1) : "r"(w0));
+      asm("shl.b32 %0, %1, 4;" : "=r"(w2) : "r"(w0));
+      asm("shl.b32 %0, %1, 6;" : "=r"(w3) : "r"(w0));
+      ae[0] = cb_hash<CB>(w0 >> 16);
+      ae[1] = cb_hash<CB>(__byte_perm(w0, 0u, 0x4421));  // position 4: bits 8..23
+      ae[2] = cb_hash<CB>(w2 >> 16);
+      ae[3] = cb_hash<CB>(__byte_perm(w2, 0u, 0x4421));  // position 6
+      ao[0] = cb_hash<CB>(w1 >> 16);
+      ao[1] = cb_hash<CB>(__byte_perm(w1, 0u, 0x4421));  // position 5
+      ao[2] = cb_hash<CB>(w3 >> 16);
+      ao[3] = cb_hash<CB>(__byte_perm(w3, 0u, 0x4421));  // position 7
+    } else {
+      ae[0] = h<0>(w);
+      ae[1] = h<4>(w);
+      ae[2] = h<2>(w);
+      ae[3] = h<6>(w);
+      ao[0] = h<1>(w);
+      ao[1] = h<5>(w);
+      ao[2] = h<3>(w);
+      ao[3] = h<7>(w);
+    }
   }
 };
 
