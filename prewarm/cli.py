@@ -232,10 +232,10 @@ def _execute(paths: Sequence[str | os.PathLike[str]], opts: Options) -> int:
             "on_progress": view.update if view else None,
         }
         if opts.mode == "measure-disk":
-            report = measure_disk([i.path for i in infos], **kwargs)
+            report = measure_disk(infos, **kwargs)
         else:
             report = warm(
-                [i.path for i in infos],
+                infos,
                 method=opts.method,  # type: ignore[arg-type]
                 cold=opts.mode == "cold",
                 limit_rate=opts.limit_rate,

@@ -151,14 +151,19 @@ def safetensors_expected_size(fd: int, size: int) -> int | None:
     return 8 + header_len + end
 
 
-def inspect_files(files: Iterable[str | os.PathLike[str]]) -> list[FileInfo]:
+def inspect_files(files: Iterable[str | os.PathLike[str] | FileInfo]) -> list[FileInfo]:
     """Open and stat every file once, before any worker starts, so bad input fails fast and whole.
 
+    A FileInfo is kept as it is: a caller that inspected the files already (the CLI, for its fit check)
+    passes its FileInfos on, and the headers are not parsed a second time.
     Raises BadInput listing every unreadable or truncated file (up to a few names).
     """
     infos: list[FileInfo] = []
     problems: list[str] = []
     for raw in files:
+        if isinstance(raw, FileInfo):
+            infos.append(raw)
+            continue
         path = Path(raw)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

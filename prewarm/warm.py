@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -317,7 +318,7 @@ def _results(run: _Run, before: list[int], *, residency_after: bool, report: War
 
 
 def warm(
-    files: Iterable[str | os.PathLike[str]],
+    files: Iterable[str | os.PathLike[str] | FileInfo],
     *,
     workers: int = DEFAULT_WORKERS,
     chunk_bytes: int = DEFAULT_CHUNK,
@@ -330,7 +331,7 @@ def warm(
     limit_rate: float | None = None,
     residency_check: bool = True,
 ) -> WarmReport:
-    """Pull `files` into the page cache with `workers` parallel readers and report what happened.
+    """Pull `files` (paths, or FileInfos from inspect_files) into the page cache and report what happened.
 
     `cold=True` evicts the files first (and verifies it), so the GiB/s measures the disk, not RAM.
     Raises BadInput for missing/unreadable/truncated files before reading anything, and
@@ -371,25 +372,20 @@ def warm(
         stop=stop,
         limit_rate=limit_rate,
     )
-    report.seconds = time.perf_counter() - run.t0
-    report.interrupted = interrupted or (stop is not None and stop.is_set())
     if method == "sendfile" and not run.sendfile_ok:
         report.method = "pread"
         report.notes.append("sendfile is not supported for these files; read through a buffer instead")
-    _results(run, before, residency_after=residency_check, report=report)
-    report.mem_available_after = _mem_available()
+    _finish(report, run, before, interrupted, stop=stop, residency_after=residency_check)
     if residency_check and not report.interrupted and not report.failed and report.residency_after < 0.99:
         report.warnings.append(
             f"only {100 * report.residency_after:.1f} % stayed in the page cache: pages were evicted "
             "under memory pressure while reading"
         )
-    if interrupted:
-        raise Interrupted(report)
     return report
 
 
 def measure_disk(
-    files: Iterable[str | os.PathLike[str]],
+    files: Iterable[str | os.PathLike[str] | FileInfo],
     *,
     workers: int = DEFAULT_WORKERS,
     chunk_bytes: int = DEFAULT_CHUNK,
@@ -408,17 +404,18 @@ def measure_disk(
     )
     report.mem_available_before = _mem_available()
     before = [resident_bytes(i.path) for i in infos]
+    read = partial(
+        read_files,
+        infos,
+        workers=workers,
+        chunk_bytes=chunk_bytes,
+        item_bytes=item_bytes,
+        on_progress=on_progress,
+        progress_interval=progress_interval,
+        stop=stop,
+    )
     try:
-        run, interrupted = read_files(
-            infos,
-            method="o_direct",
-            workers=workers,
-            chunk_bytes=chunk_bytes,
-            item_bytes=item_bytes,
-            on_progress=on_progress,
-            progress_interval=progress_interval,
-            stop=stop,
-        )
+        run, interrupted = read(method="o_direct")
     except DirectIONotSupported:
         fs = report.host.get("filesystem") or "this filesystem"
         report.method = "evict+pread"
@@ -428,19 +425,23 @@ def measure_disk(
         )
         report.evict_seconds = evict([i.path for i in infos]).seconds
         before = [resident_bytes(i.path) for i in infos]
-        run, interrupted = read_files(
-            infos,
-            method="pread",
-            workers=workers,
-            chunk_bytes=chunk_bytes,
-            item_bytes=item_bytes,
-            on_progress=on_progress,
-            progress_interval=progress_interval,
-            stop=stop,
-        )
+        run, interrupted = read(method="pread")
+    return _finish(report, run, before, interrupted, stop=stop, residency_after=True)
+
+
+def _finish(
+    report: WarmReport,
+    run: _Run,
+    before: list[int],
+    interrupted: bool,
+    *,
+    stop: threading.Event | None,
+    residency_after: bool,
+) -> WarmReport:
+    """The common end of warm() and measure_disk(): timing, per-file results, Ctrl-C as Interrupted."""
     report.seconds = time.perf_counter() - run.t0
     report.interrupted = interrupted or (stop is not None and stop.is_set())
-    _results(run, before, residency_after=True, report=report)
+    _results(run, before, residency_after=residency_after, report=report)
     report.mem_available_after = _mem_available()
     if interrupted:
         raise Interrupted(report)

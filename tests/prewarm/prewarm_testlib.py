@@ -6,6 +6,7 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,3 +39,33 @@ def write_index(model_dir: Path, order: list[str]) -> None:
 
 def prewarm_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "prewarm", *args]
+
+
+def as_nobody(fn: Callable[[], object]) -> str:
+    """Run `fn` in a forked child that dropped to user nobody (root reads anything, so unreadable-file
+    tests use this when run as root); returns "BadInput <message>", another exception's repr, or "no error".
+
+    The child does not exec, so the venv's location does not matter.
+    """
+    from prewarm.errors import BadInput
+
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        msg = b"no error"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+        except BadInput as exc:
+            msg = f"BadInput {exc}".encode()
+        except BaseException as exc:
+            msg = repr(exc).encode()
+        os.write(wfd, msg)
+        os._exit(0)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as fh:
+        out = fh.read().decode()
+    os.waitpid(pid, 0)
+    return out

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from prewarm_testlib import MiB, prewarm_cmd, write_shard
+from prewarm_testlib import MiB, as_nobody, prewarm_cmd, write_shard
 
 from prewarm import model_files, residency
 
@@ -196,28 +196,11 @@ def test_unreadable_shard_in_evict_and_status_is_one_line(disk_dir: Path) -> Non
         return
     # root reads anything: run the command's code in a forked child that dropped to nobody
     from prewarm.cli import Options, execute
-    from prewarm.errors import BadInput
 
     for mode in ("evict", "status"):
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(rfd)
-            msg = b"no error"
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                execute([str(shard)], Options(mode=mode, progress=False, json_out=True))
-            except BadInput as exc:
-                msg = f"BadInput {exc}".encode()
-            except BaseException as exc:
-                msg = repr(exc).encode()
-            os.write(wfd, msg)
-            os._exit(0)
-        os.close(wfd)
-        with os.fdopen(rfd, "rb") as fh:
-            out = fh.read().decode()
-        os.waitpid(pid, 0)
+        out = as_nobody(
+            lambda mode=mode: execute([str(shard)], Options(mode=mode, progress=False, json_out=True))
+        )
         assert out.startswith("BadInput") and "Permission denied" in out, (mode, out)
 
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from prewarm_testlib import MiB, write_index, write_shard
+from prewarm_testlib import MiB, as_nobody, write_index, write_shard
 
 from prewarm import BadInput, inspect_files, model_files
 
@@ -108,23 +108,12 @@ def test_unreadable_file(disk_dir: Path) -> None:
             inspect_files([p])
         return
     # Root reads anything: check in a forked child that has dropped to an unprivileged user.
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: no exec, so the venv's location does not matter
-        os.close(rfd)
-        msg = b"no error"
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            inspect_files([p])
-        except BadInput as exc:
-            msg = f"BadInput {exc}".encode()
-        except BaseException as exc:
-            msg = repr(exc).encode()
-        os.write(wfd, msg)
-        os._exit(0)
-    os.close(wfd)
-    with os.fdopen(rfd, "rb") as fh:
-        out = fh.read().decode()
-    os.waitpid(pid, 0)
+    out = as_nobody(lambda: inspect_files([p]))
     assert out.startswith("BadInput") and "unreadable (Permission denied)" in out, out
+
+
+def test_an_inspected_file_is_not_inspected_again(disk_dir: Path) -> None:
+    p = write_shard(disk_dir / "model.safetensors", 1024)
+    [info] = inspect_files([p])
+    p.unlink()  # opening it again would fail: a FileInfo is passed through as it is
+    assert inspect_files([info]) == [info]
