@@ -48,20 +48,12 @@ def resolve_model(source: ModelSource, *, offline: bool = False, cache_dir: str 
 def local_model_path(source: ModelSource, *, cache_dir: str | Path | None = None) -> Path | None:
     """Where the model already is on this machine, or None; never touches the network or writes."""
     if source.repo:
-        from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
         try:
-            found = snapshot_download(
-                source.repo,
-                revision=source.revision,
-                allow_patterns=list(source.allow_patterns) or None,
-                cache_dir=cache_dir,
-                local_files_only=True,
-            )
+            return _snapshot(source, cache_dir=cache_dir, local_files_only=True)
         except (LocalEntryNotFoundError, FileNotFoundError, ValueError, OSError):
             return None
-        return Path(found)
     if source.path:
         p = Path(source.path).expanduser()
         return p if p.is_dir() else None
@@ -114,8 +106,22 @@ def _incomplete_hint(source: ModelSource) -> str:
     return "the model directory does not match the recipe (model.expected_shards / model.expected_bytes)"
 
 
-def _download(source: ModelSource, *, offline: bool, cache_dir: str | Path | None) -> Path:
+def _snapshot(source: ModelSource, *, cache_dir: str | Path | None, local_files_only: bool) -> Path:
+    """The recipe's snapshot (repo, revision pin, allow_patterns) in the HF cache: what `up` downloads
+    and what `doctor` / `prewarm` look for must be the same files."""
     from huggingface_hub import snapshot_download
+
+    found = snapshot_download(
+        source.repo,
+        revision=source.revision,
+        allow_patterns=list(source.allow_patterns) or None,
+        cache_dir=cache_dir,
+        local_files_only=local_files_only,
+    )
+    return Path(found)
+
+
+def _download(source: ModelSource, *, offline: bool, cache_dir: str | Path | None) -> Path:
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -126,13 +132,7 @@ def _download(source: ModelSource, *, offline: bool, cache_dir: str | Path | Non
 
     name = f"{source.repo}@{source.revision}" if source.revision else source.repo
     try:
-        found = snapshot_download(
-            source.repo,
-            revision=source.revision,
-            allow_patterns=list(source.allow_patterns) or None,
-            cache_dir=cache_dir,
-            local_files_only=offline,
-        )
+        return _snapshot(source, cache_dir=cache_dir, local_files_only=offline)
     except GatedRepoError as exc:
         raise RuntimeFailure(
             f"model {name} is gated and this machine's Hugging Face token cannot read it",
@@ -167,7 +167,6 @@ def _download(source: ModelSource, *, offline: bool, cache_dir: str | Path | Non
             f"model {name}: download failed: {exc}",
             hint="check free disk space in the HF cache (HF_HOME), then run again to resume",
         ) from exc
-    return Path(found)
 
 
 def _local(source: ModelSource) -> Path:
