@@ -27,6 +27,7 @@ import psutil
 from sparkctl.errors import RuntimeFailure
 from sparkctl.planner.types import Plan
 from sparkctl.runtimes.base import ServerState
+from sparkctl.runtimes.common import started_state
 
 # psutil derives start times from the boot time and the kernel's clock ticks (10 ms), so two reads of
 # the same process agree exactly; the slack only absorbs float formatting in the state file.
@@ -87,15 +88,10 @@ class NativeRuntime:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.NoSuchProcess:
             create_time = 0.0  # exited already; is_running() is False and exit_code() tells why
-        return ServerState(
-            recipe=plan.recipe_name,
-            runtime=self.name,
-            recipe_hash=plan.recipe_hash,
-            base_url=plan.base_url,
-            port=plan.port,
-            served_model_name=plan.served_model_name,
-            started_at=time.time(),
-            log_path=str(log_path),
+        return started_state(
+            plan,
+            self.name,
+            log_path,
             pid=proc.pid,
             extra={"create_time": repr(create_time), "pgid": str(proc.pid), "argv": shlex.join(plan.argv)},
         )
