@@ -270,6 +270,26 @@ def test_tensor_parallel_cuts_reassemble_the_layer(vllm_env: object, fake_tp) ->
     torch.testing.assert_close(parts[0] + parts[1], _ref(xo, w["self_attn.o_proj"]), rtol=1e-4, atol=1e-4)
 
 
+def test_cut_for_rank_row_and_column(vllm_env: object) -> None:
+    """The one cut both loaders use: row cuts trellis dim 0 and suh, column cuts trellis dim 1 and svh."""
+    from sparkctl_exl3.vllm_plugin.linear import Exl3LoadError, cut_for_rank
+
+    trellis = torch.arange(32 * 16 * 48, dtype=torch.int16).reshape(32, 16, 48)  # I=512, O=256, K=3
+    suh, svh, mcg = torch.arange(512.0), torch.arange(256.0), torch.tensor(7, dtype=torch.int32)
+    row = {"split": "row", "part": 256, "rank": 1, "tp_size": 2}
+    col = {"split": "column", "part": 128, "rank": 1, "tp_size": 2}
+    assert torch.equal(cut_for_rank("l", "trellis", trellis, **row), trellis[16:32])
+    assert torch.equal(cut_for_rank("l", "suh", suh, **row), suh[256:])
+    assert cut_for_rank("l", "svh", svh, **row) is svh
+    assert torch.equal(cut_for_rank("l", "trellis", trellis, **col), trellis[:, 8:16])
+    assert torch.equal(cut_for_rank("l", "svh", svh, **col), svh[128:])
+    assert cut_for_rank("l", "suh", suh, **col) is suh
+    assert cut_for_rank("l", "mcg", mcg, **col) is mcg
+    assert cut_for_rank("l", "trellis", trellis, **{**row, "rank": 0, "tp_size": 1}) is trellis
+    with pytest.raises(Exl3LoadError, match=r"l\.trellis: expected 3 dims"):
+        cut_for_rank("l", "trellis", trellis[0], **{**row, "tp_size": 1})
+
+
 def test_unaligned_tensor_parallel_cut_is_refused(vllm_env: object, fake_tp) -> None:
     from sparkctl_exl3.vllm_plugin.storage import ShardCutError
 

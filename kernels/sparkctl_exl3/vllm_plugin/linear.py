@@ -36,6 +36,7 @@ __all__ = [
     "EXL3LinearMethod",
     "Exl3LoadError",
     "ShardWeights",
+    "cut_for_rank",
     "exl3_linear",
     "finish_shard",
 ]
@@ -52,6 +53,28 @@ LOADED_TENSORS: dict[str, torch.dtype] = {
 }
 
 _QKV_INDEX = {"q": 0, "k": 1, "v": 2}
+
+
+def cut_for_rank(
+    label: str, name: str, t: torch.Tensor, *, split: str, part: int, rank: int, tp_size: int
+) -> torch.Tensor:
+    """This rank's part of one stored tensor of a layer split across ``tp_size`` ranks (``label.name``).
+
+    ``split="row"`` cuts the input: the trellis along dim 0 (16 rows a tile) and suh, svh is replicated;
+    ``split="column"`` cuts the output: the trellis along dim 1 (16 columns a tile) and svh, suh is
+    replicated. The codebook markers are never cut. Shared by the linear and the MoE loaders.
+    """
+    if name == "trellis" and t.dim() != 3:
+        raise Exl3LoadError(f"{label}.trellis: expected 3 dims [I/16, O/16, 16*K], got {tuple(t.shape)}")
+    if tp_size == 1 or name not in ("trellis", "suh" if split == "row" else "svh"):
+        return t
+    if split == "row":
+        stored = t.shape[0] * 16 if name == "trellis" else t.shape[0]
+        start, width = storage.row_cut(label, stored, part, rank, tp_size)
+        return t.narrow(0, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
+    stored = t.shape[1] * 16 if name == "trellis" else t.shape[0]
+    start, width = storage.column_cut(label, stored, part, rank, tp_size)
+    return t.narrow(1, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
 
 
 @dataclass
@@ -170,26 +193,16 @@ class EXL3LinearMethod(LinearMethodBase):
                 "across tensor-parallel ranks is not supported"
             )
         label = plan.shard_names[index] if not plan.fused_on_disk else plan.prefix
-        t = loaded_weight
-        if name == "trellis" and t.dim() != 3:
-            raise Exl3LoadError(f"{label}.trellis: expected 3 dims [I/16, O/16, 16*K], got {tuple(t.shape)}")
-        if plan.tp_size > 1 and name in ("trellis", "suh", "svh"):
-            if plan.mode == "row":
-                stored_in = t.shape[0] * 16 if name == "trellis" else t.shape[0]
-                if name != "svh":
-                    start, width = storage.row_cut(label, stored_in, plan.in_size, plan.tp_rank, plan.tp_size)
-                    t = (
-                        t.narrow(0, start // 16, width // 16)
-                        if name == "trellis"
-                        else t.narrow(0, start, width)
-                    )
-            elif name != "suh":
-                stored_out = t.shape[1] * 16 if name == "trellis" else t.shape[0]
-                rank = self._shard_rank(plan, index)
-                start, width = storage.column_cut(
-                    label, stored_out, plan.out_sizes[index], rank, plan.tp_size
-                )
-                t = t.narrow(1, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
+        row = plan.mode == "row"
+        t = cut_for_rank(
+            label,
+            name,
+            loaded_weight,
+            split="row" if row else "column",
+            part=plan.in_size if row else plan.out_sizes[index],
+            rank=plan.tp_rank if row else self._shard_rank(plan, index),
+            tp_size=plan.tp_size,
+        )
         plan.loaded.setdefault(index, {})[name] = t.to(device=param.device).contiguous()
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:

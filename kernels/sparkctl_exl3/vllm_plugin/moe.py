@@ -22,7 +22,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from . import settings, storage
 from .forward import ACTIVATIONS, Exl3LoadError, ExpertWeights, ShardWeights, exl3_moe_forward, finish_shard
-from .linear import LOADED_TENSORS
+from .linear import LOADED_TENSORS, cut_for_rank
 
 __all__ = ["EXL3MoEMethod", "ExpertWeights", "exl3_moe_forward"]
 
@@ -114,20 +114,17 @@ class EXL3MoEMethod(FusedMoEMethodBase):
         if shard_id not in PROJ_NAMES:
             raise Exl3LoadError(f"{plan.prefix}: unexpected expert shard id {shard_id!r} for {weight_name}")
         label = f"{plan.prefix}.{expert_id}.{PROJ_NAMES[shard_id]}"
-        t = loaded_weight
-        if name == "trellis" and t.dim() != 3:
-            raise Exl3LoadError(f"{label}.trellis: expected 3 dims [I/16, O/16, 16*K], got {tuple(t.shape)}")
-        if plan.tp_size > 1 and name in ("trellis", "suh", "svh"):
-            if shard_id == "w2" and name != "svh":  # down: input (intermediate) split
-                stored = t.shape[0] * 16 if name == "trellis" else t.shape[0]
-                start, width = storage.row_cut(label, stored, plan.intermediate, plan.tp_rank, plan.tp_size)
-                t = t.narrow(0, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
-            elif shard_id != "w2" and name != "suh":  # gate/up: output (intermediate) split
-                stored = t.shape[1] * 16 if name == "trellis" else t.shape[0]
-                start, width = storage.column_cut(
-                    label, stored, plan.intermediate, plan.tp_rank, plan.tp_size
-                )
-                t = t.narrow(1, start // 16, width // 16) if name == "trellis" else t.narrow(0, start, width)
+        t = cut_for_rank(
+            label,
+            name,
+            loaded_weight,
+            split="row"
+            if shard_id == "w2"
+            else "column",  # down splits its input (intermediate), gate/up their output
+            part=plan.intermediate,
+            rank=plan.tp_rank,
+            tp_size=plan.tp_size,
+        )
         plan.loaded.setdefault((local, shard_id), {})[name] = t.to(device=param.device).contiguous()
         plan.global_ids[local] = int(expert_id)
         return True if return_success else None

@@ -82,13 +82,7 @@ def column_cut(layer: str, stored_out: int, part: int, rank: int, tp_size: int) 
     """
     if tp_size == 1:
         return 0, stored_out
-    start = rank * part
-    if start % CUT or part % CUT:
-        raise ShardCutError(
-            f"{layer}: tensor-parallel cut at output column {start} (partition width {part}, rank {rank} of "
-            f"{tp_size}) is not a multiple of {CUT}; EXL3 layers can only be split on their {CUT}-wide "
-            f"Hadamard blocks. Use a tensor-parallel size that divides this layer into multiples of {CUT}."
-        )
+    start = _on_blocks(layer, "output column", part, rank, tp_size)
     if start >= stored_out:
         raise ShardCutError(
             f"{layer}: rank {rank} starts at column {start}, past the stored width {stored_out}"
@@ -100,15 +94,21 @@ def row_cut(layer: str, stored_in: int, part: int, rank: int, tp_size: int) -> t
     """(start, width) of this rank's input rows: the trellis along dim 0 and suh; svh is replicated."""
     if tp_size == 1:
         return 0, stored_in
-    start = rank * part
-    if start % CUT or part % CUT:
-        raise ShardCutError(
-            f"{layer}: tensor-parallel cut at input row {start} (partition width {part}, rank {rank} of "
-            f"{tp_size}) is not a multiple of {CUT}; EXL3 layers can only be split on their {CUT}-wide "
-            f"Hadamard blocks. Use a tensor-parallel size that divides this layer into multiples of {CUT}."
-        )
+    start = _on_blocks(layer, "input row", part, rank, tp_size)
     if start + part > stored_in:
         raise ShardCutError(
             f"{layer}: rank {rank} needs input rows up to {start + part}, stored only {stored_in}"
         )
     return start, part
+
+
+def _on_blocks(layer: str, axis: str, part: int, rank: int, tp_size: int) -> int:
+    """Where this rank's cut starts, refused unless it and the partition width fall on Hadamard blocks."""
+    start = rank * part
+    if start % CUT or part % CUT:
+        raise ShardCutError(
+            f"{layer}: tensor-parallel cut at {axis} {start} (partition width {part}, rank {rank} of "
+            f"{tp_size}) is not a multiple of {CUT}; EXL3 layers can only be split on their {CUT}-wide "
+            f"Hadamard blocks. Use a tensor-parallel size that divides this layer into multiples of {CUT}."
+        )
+    return start
