@@ -346,6 +346,32 @@ def test_quantized_lm_head(vllm_env: object, vocab: int) -> None:
     torch.testing.assert_close(logits[:, :vocab], _ref(x, g)[:, :vocab])
 
 
+def test_checkpoint_names_are_mapped_once(vllm_env: object) -> None:
+    """vLLM's name mapper runs over the whole index once, not once per layer asking (start-up time)."""
+    from sparkctl_exl3.vllm_plugin import storage
+    from sparkctl_exl3.vllm_plugin.config import EXL3Config
+
+    calls = []
+
+    class Mapper:
+        def apply_list(self, names: list[str]) -> list[str]:
+            calls.append(len(names))
+            return [n.removeprefix("hf.") for n in names]
+
+    cfg = EXL3Config()
+    cfg.index = storage.CheckpointIndex(
+        exl3={"hf.a.q_proj", "hf.a.experts.0.w1"}, plain={"hf.a.gate"}, files=1
+    )
+    cfg.apply_vllm_mapper(Mapper())
+    for _ in range(3):
+        assert cfg._storage_of("a.q_proj", ["a.q_proj"]) == "exl3"
+        assert cfg._storage_of("a.gate", ["a.gate"]) == "plain"
+        assert cfg._storage_of("a.v_proj", ["a.v_proj"]) is None
+        assert cfg._experts_storage("a.experts") == "exl3"
+    assert cfg._storage_of("hf.a.gate", ["hf.a.gate"]) == "plain"  # the checkpoint's own names count too
+    assert calls == [2, 1]
+
+
 def test_embeddings_and_plain_modules_stay_unquantized(
     vllm_env: object, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ method, everything with a ``.trellis`` gets ours.
 from __future__ import annotations
 
 import logging
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ class EXL3Config(QuantizationConfig):
         self.index: storage.CheckpointIndex | None = None
         self.tie_word_embeddings = False
         self._mapper: Any = None
+        self._mapped: tuple[set[str], set[str]] | None = None  # index names through _mapper, made once
 
     def __repr__(self) -> str:
         return f"EXL3Config(bits={self.bits}, head_bits={self.head_bits}, codebook={self.codebook})"
@@ -121,9 +123,11 @@ class EXL3Config(QuantizationConfig):
                 "tensor (<module>.trellis / .suh / .svh); this looks like an unquantized checkpoint"
             )
         self.index = index if index.files else None
+        self._mapped = None
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
         self._mapper = hf_to_vllm_mapper
+        self._mapped = None
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, ParallelLMHead):
@@ -148,22 +152,27 @@ class EXL3Config(QuantizationConfig):
 
     # -- which modules are EXL3 -------------------------------------------------------------------
 
-    def _known(self) -> tuple[set[str], set[str]]:
+    def _mapped_names(self) -> tuple[set[str], set[str]]:
+        """The index's EXL3 and plain names as vLLM renames them (empty without a mapper).
+
+        Made once per index and mapper: every layer asks, and mapping runs over every module name of
+        the checkpoint (tens of thousands for a large MoE): redone per layer, that was seconds of start-up.
+        """
         assert self.index is not None
-        exl3, plain = self.index.exl3, self.index.plain
-        if self._mapper is not None:
-            exl3, plain = (
-                set(self._mapper.apply_list(sorted(exl3))),
-                set(self._mapper.apply_list(sorted(plain))),
+        if self._mapper is None:
+            return set(), set()
+        if self._mapped is None:
+            self._mapped = (
+                set(self._mapper.apply_list(sorted(self.index.exl3))),
+                set(self._mapper.apply_list(sorted(self.index.plain))),
             )
-        return exl3 | self.index.exl3, plain | self.index.plain
+        return self._mapped
 
     def _storage_of(self, prefix: str, names: list[str]) -> str | None:
         """ "exl3", "plain" or None (not known) for the checkpoint modules behind one vLLM layer."""
         if self.index is None:
             return None
-        exl3, plain = self._known()
-        kinds = {"exl3" if n in exl3 else "plain" if n in plain else None for n in names}
+        kinds = {self._kind(n) for n in names}
         if "exl3" in kinds and "plain" in kinds:
             raise Exl3LoadError(
                 f"{prefix}: the checkpoint stores some of {', '.join(names)} as EXL3 and others as plain "
@@ -173,13 +182,22 @@ class EXL3Config(QuantizationConfig):
             return "plain"
         return "exl3" if "exl3" in kinds else None
 
+    def _kind(self, name: str) -> str | None:
+        assert self.index is not None
+        mapped_exl3, mapped_plain = self._mapped_names()
+        if name in self.index.exl3 or name in mapped_exl3:
+            return "exl3"
+        if name in self.index.plain or name in mapped_plain:
+            return "plain"
+        return None
+
     def _experts_storage(self, prefix: str) -> str | None:
         if self.index is None:
             return None
-        exl3, plain = self._known()
+        mapped_exl3, mapped_plain = self._mapped_names()
         head = prefix + "."
-        if any(n.startswith(head) for n in exl3):
+        if any(n.startswith(head) for n in chain(self.index.exl3, mapped_exl3)):
             return "exl3"
-        if any(n.startswith(head) for n in plain):
+        if any(n.startswith(head) for n in chain(self.index.plain, mapped_plain)):
             return "plain"
         return None
