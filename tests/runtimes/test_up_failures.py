@@ -7,6 +7,7 @@ exercising exactly the code a failing vLLM would. The happy path with the real v
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -52,6 +54,30 @@ def _sparkctl(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Co
         timeout=timeout,
         cwd=REPO,
     )
+
+
+@contextlib.contextmanager
+def _launched(tmp_path: Path, recipe: Path, name: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`sparkctl up` in the background, handed over (with the server's pid) once it has launched the server;
+    killed on the way out if the test left it running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    state_file = tmp_path / "state" / "servers" / f"{name}.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not state_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state_file.exists(), "up never launched the server"
+        yield proc, json.loads(state_file.read_text())["pid"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _nothing_left(tmp_path: Path, marker: str) -> None:
@@ -118,27 +144,10 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
         time.sleep(600)
     """
     recipe = _recipe(tmp_path, "slow", code, health_timeout=300)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    state_file = tmp_path / "state" / "servers" / "slow.json"
-    try:
-        deadline = time.monotonic() + 60
-        while not state_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert state_file.exists(), "up never launched the server"
-        pid = json.loads(state_file.read_text())["pid"]
+    with _launched(tmp_path, recipe, "slow") as (proc, pid):
         assert psutil.pid_exists(pid)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted: stopped what this `up` had started" in err, err
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, err
@@ -152,25 +161,9 @@ def test_sigterm_during_startup_cleans_up_too(tmp_path):
         time.sleep(600)
     """
     recipe = _recipe(tmp_path, "term", code, health_timeout=300)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    state_file = tmp_path / "state" / "servers" / "term.json"
-    try:
-        deadline = time.monotonic() + 60
-        while not state_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert state_file.exists()
+    with _launched(tmp_path, recipe, "term") as (proc, _):
         proc.terminate()
         proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130
     _nothing_left(tmp_path, marker)
 
