@@ -18,13 +18,13 @@ import os
 import posixpath
 import socket
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.runtimes.base import ServerState
+from sparkctl.runtimes.common import started_state
 
 if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
     import docker
@@ -292,15 +292,10 @@ class DockerRuntime:
             with contextlib.suppress(Exception):
                 container.remove(force=True)
             raise
-        return ServerState(
-            recipe=plan.recipe_name,
-            runtime=self.name,
-            recipe_hash=plan.recipe_hash,
-            base_url=plan.base_url,
-            port=plan.port,
-            served_model_name=plan.served_model_name,
-            started_at=time.time(),
-            log_path=str(log_path),
+        return started_state(
+            plan,
+            self.name,
+            log_path,
             container_id=container.id,
             container_name=name,
             extra={"image": spec.image, "image_id": image_id},
