@@ -101,21 +101,13 @@ class Needs:
 def needs_of(plan: Plan | None, *, needs_gpu: bool | None = None) -> Needs:
     """What `plan` requires of this host.
 
-    The Plan does not carry the engine device, so unless the caller says (`needs_gpu`, the doctor
-    command passes the recipe's engine.device), a native plan whose memory pool is this host's RAM is
-    taken as a CPU plan (the planner sizes GPU plans against the GPU's pool).
+    A GPU is needed when the engine runs on CUDA (`plan.device`), unless it runs in a container that
+    is given no GPUs; `needs_gpu` overrides that.
     """
     if plan is None:
         return Needs()
     if needs_gpu is None:
-        if plan.container is not None:
-            needs_gpu = plan.container.gpus
-        else:
-            import psutil
-
-            needs_gpu = not (
-                plan.memory is not None and plan.memory.total_bytes == psutil.virtual_memory().total
-            )
+        needs_gpu = plan.device == "cuda" and (plan.container is None or plan.container.gpus)
     docker = plan.runtime == "docker"
     return Needs(
         gpu=needs_gpu,

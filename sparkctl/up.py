@@ -112,14 +112,33 @@ class UpResult:
 
 def doctor_checks_for(plan: Plan) -> list[str]:
     """Only the checks this launch depends on: a CPU-only native server needs no GPU or Docker."""
+    from sparkctl.doctor import needs_of
+
+    needs = needs_of(plan)
     names = ["memory", "disk"]
-    if plan.runtime == "docker":
-        names += ["docker"]
-        if plan.container is not None and plan.container.gpus:
-            names += ["gpu", "driver", "nvidia-runtime"]
-    if plan.model.needs_token:
+    if needs.docker:
+        names.append("docker")
+    if needs.gpu:
+        names += ["gpu", "driver"]
+    if needs.gpu_container:
+        names.append("nvidia-runtime")
+    if needs.token:
         names.append("hf-token")
     return names
+
+
+def _check_engine(plan: Plan) -> None:
+    """A native engine that is not installed is reported before a download of many GB, not after."""
+    if plan.runtime != "native" or not plan.argv:
+        return
+    import shutil
+
+    exe = plan.argv[0]
+    if shutil.which(exe) is None:
+        raise RuntimeFailure(
+            f"cannot start {plan.recipe_name}: executable {exe!r} not found",
+            hint="install the engine (for vLLM on the CPU: make install-vllm) or set engine.entrypoint",
+        )
 
 
 def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
@@ -162,6 +181,7 @@ def _start(
     t = time.monotonic()
     detail = _doctor(plan, rep)
     runtime.check()
+    _check_engine(plan)
     timings["doctor"] = time.monotonic() - t
     rep.step("doctor", detail, timings["doctor"])
 

@@ -29,17 +29,15 @@ def doctor_cmd(recipe: str | None, overrides: tuple[str, ...], only: tuple[str, 
     from sparkctl.errors import UserError
 
     the_plan = None
-    needs_gpu = None
     if recipe:
         from sparkctl.planner import plan
         from sparkctl.recipe import load_recipe
 
         loaded = load_recipe(recipe, overrides)
         the_plan = plan(loaded, check_memory=False)  # doctor reports a plan that cannot fit, as a fail
-        needs_gpu = getattr(loaded.engine, "device", "cuda") != "cpu"
     elif overrides:
         raise UserError("--set needs a RECIPE")
-    checks = run_checks(the_plan, only=only or None, needs_gpu=needs_gpu)
+    checks = run_checks(the_plan, only=only or None)
     failed = any(c.status == "fail" for c in checks)
     if json_out:
         payload: dict[str, Any] = {

@@ -231,6 +231,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         memory=check.plan,
         health_timeout_s=recipe.serve.health_timeout_s,
         container=container,
+        device=recipe.engine.device,
         warnings=tuple(warnings),
         notes=tuple(notes),
     )

@@ -87,6 +87,8 @@ class Plan:
     memory: MemoryPlan | None
     health_timeout_s: float
     container: ContainerSpec | None = None
+    # What the engine computes on (recipe engine.device): doctor and `up` check for a GPU only for "cuda".
+    device: Literal["cuda", "cpu"] = "cuda"
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # things to know that are not problems (e.g. start Ray on both nodes first)
 

@@ -52,6 +52,7 @@ def make_plan(
     gpus: bool = True,
     memory: MemoryPlan | None = None,
     model: ModelSource | None = None,
+    device: str = "cuda",
 ) -> Plan:
     container = (
         ContainerSpec(image="sparkctl/vllm:test", name="t", gpus=gpus) if runtime == "docker" else None
@@ -71,6 +72,7 @@ def make_plan(
         memory=memory,
         health_timeout_s=60,
         container=container,
+        device=device,  # type: ignore[arg-type]
     )
 
 
@@ -180,9 +182,26 @@ def test_needs_of_plans() -> None:
     assert spark.gpu and spark.docker and spark.gpu_container and not spark.token
     cpu_docker = needs_of(make_plan(gpus=False))
     assert cpu_docker.docker and not cpu_docker.gpu
-    native_cpu = make_plan(runtime="native", memory=memory_plan(2, total=psutil.virtual_memory().total / GiB))
+    native_cpu = make_plan(runtime="native", device="cpu")
     assert not needs_of(native_cpu).gpu and not needs_of(native_cpu).docker
     assert needs_of(native_cpu, needs_gpu=True).gpu
+    # A native CUDA plan needs a GPU whatever pool it is sized against (no guessing from the memory plan).
+    host_pool = memory_plan(2, total=psutil.virtual_memory().total / GiB)
+    native_gpu = needs_of(make_plan(runtime="native", memory=host_pool))
+    assert native_gpu.gpu and not native_gpu.docker and not native_gpu.gpu_container
+    assert not needs_of(make_plan(device="cpu")).gpu_container  # a CPU engine in a container: no GPUs
+
+
+def test_the_planner_carries_the_engine_device_to_the_doctor() -> None:
+    from sparkctl.planner import plan
+    from sparkctl.recipe import load_recipe
+
+    assert plan(load_recipe("tiny"), check_memory=False).device == "cpu"
+    assert not needs_of(plan(load_recipe("tiny"), check_memory=False)).gpu
+    gguf = plan(load_recipe("ornith-1.5-35b-a3b-iq3s"), check_memory=False)
+    assert gguf.device == "cuda" and gguf.runtime == "native" and needs_of(gguf).gpu
+    on_gpu = plan(load_recipe("tiny", ["engine.device=cuda"]), check_memory=False)
+    assert on_gpu.device == "cuda" and needs_of(on_gpu).gpu
     gated = make_plan(model=ModelSource(repo="org/gated", needs_token=True))
     assert needs_of(gated).token
 

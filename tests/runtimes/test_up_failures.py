@@ -245,6 +245,42 @@ def test_a_failing_doctor_check_stops_up_before_anything_starts(tmp_path):
     assert not (tmp_path / "state" / "logs").exists()  # nothing was launched
 
 
+def test_a_native_gpu_recipe_on_a_host_without_gpu_stops_at_the_doctor(tmp_path):
+    """A native CUDA recipe (llama-server, engine.device cuda) must not start a 16 GB download on a
+    machine that cannot run it: the doctor's gpu check stops `up` first."""
+    import pytest
+
+    from sparkctl.doctor import probe_nvidia
+
+    if probe_nvidia().gpus:
+        pytest.skip("this host has an NVIDIA GPU")
+    res = _sparkctl(tmp_path, "up", "ornith-1.5-35b-a3b-iq3s", "--port", str(free_port()))
+    assert res.returncode == 1, res.stderr
+    assert "error: doctor: gpu: " in res.stderr and "needs a CUDA GPU" in res.stderr
+    assert "hint: " in res.stderr and "Traceback" not in res.stderr
+    assert "fetch" not in res.stderr  # stopped before any download
+    assert not (tmp_path / "state" / "servers").exists()
+    assert not (tmp_path / "state" / "logs").exists()
+
+
+def test_a_missing_native_engine_is_reported_before_the_model_is_fetched(tmp_path):
+    res = _sparkctl(
+        tmp_path,
+        "up",
+        "tiny",
+        "--port",
+        str(free_port()),
+        "--set",
+        f"engine.entrypoint=[{tmp_path / 'no-such-engine'}]",
+    )
+    assert res.returncode == 1, res.stderr
+    assert f"error: cannot start tiny: executable '{tmp_path / 'no-such-engine'}' not found" in res.stderr
+    assert "hint: " in res.stderr
+    assert not (tmp_path / "cache" / "models").exists()  # the model was not even generated
+    assert not (tmp_path / "state" / "servers").exists()
+    assert not (tmp_path / "state" / "logs").exists()
+
+
 def test_a_port_held_by_a_stranger_is_named(tmp_path):
     import socket
 
