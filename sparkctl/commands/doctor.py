@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 
-@click.command("doctor")
+@click.command("doctor", short_help="Check the host (GPU, driver, Docker, memory, disk) for a recipe.")
 @click.argument("recipe", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a recipe field.")
 @click.option(

@@ -105,10 +105,14 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 # -- up ----------------------------------------------------------------------------------------------
 
 
-@click.command("up")
+@click.command("up", short_help="Start a recipe and wait until its endpoint is healthy.")
 @click.argument("recipe")
 @click.option(
-    "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a recipe field (repeatable)."
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a recipe field (value parsed as YAML). Repeatable.",
 )
 @click.option(
     "--port", type=click.IntRange(0, 65535), help="Serve on this port (serve.port); 0 picks a free one."
@@ -245,7 +249,7 @@ def _age(started_at: float) -> str:
 # -- down --------------------------------------------------------------------------------------------
 
 
-@click.command("down")
+@click.command("down", short_help="Stop a server (or --all) and remove it.")
 @click.argument("recipe", required=False)
 @click.option("--all", "all_", is_flag=True, help="Stop every server sparkctl started.")
 @click.option(
@@ -349,7 +353,7 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-@click.command("status")
+@click.command("status", short_help="Show running servers: port, uptime, health, memory.")
 @click.argument("recipe", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
 def status_cmd(recipe: str | None, as_json: bool) -> None:
@@ -385,7 +389,7 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
 # -- logs --------------------------------------------------------------------------------------------
 
 
-@click.command("logs")
+@click.command("logs", short_help="Print (or follow) a server's log.")
 @click.argument("recipe")
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep printing new lines until the server stops (Ctrl-C ends)."
@@ -420,11 +424,23 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
 # -- chat --------------------------------------------------------------------------------------------
 
 
-@click.command("chat")
+@click.command("chat", short_help="Send one chat message to a running server.")
 @click.argument("recipe", required=False)
 @click.option("-m", "--message", default="Hello! Who are you?", show_default=True, help="The user message.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.7, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Most tokens in the answer.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.7,
+    show_default=True,
+    help="Sampling temperature; 0 is greedy (the same answer every time).",
+)
 def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: float) -> None:
     """Send one chat message to a running server and stream the answer to stdout."""
     from sparkctl.runtimes import state as state_files

@@ -51,7 +51,7 @@ def resolve_targets(targets: tuple[str, ...], overrides: tuple[str, ...]) -> tup
     return [str(local)], the_plan.load.workers
 
 
-@click.command("prewarm")
+@click.command("prewarm", short_help="Warm, evict or measure a model's shards in the page cache.")
 @click.argument("targets", nargs=-1, required=True, metavar="RECIPE|PATH...")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a recipe field.")
 @prewarm_options

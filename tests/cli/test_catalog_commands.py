@@ -316,3 +316,28 @@ def test_show_prints_the_command_exactly_as_render_does() -> None:
     rendered = ok("render", "glm-5.3-flash").stdout
     assert rendered in shown
     assert any(len(line) > 80 for line in rendered.splitlines())  # the case that used to fold
+
+
+# ---- help
+
+
+def test_every_command_has_an_untruncated_summary_and_every_option_a_help_text() -> None:
+    import click
+
+    top = ok("--help").stdout
+    listing = top.split("Commands:")[1]
+    assert "..." not in listing, (
+        listing
+    )  # click cuts a long first sentence; each command needs its short help
+    ctx = click.Context(cli)
+    names = cli.list_commands(ctx)
+    assert "chat" in names and "doctor" in names
+    for name in names:
+        cmd = cli.get_command(ctx, name)
+        assert cmd is not None
+        undocumented = [
+            p.opts for p in cmd.params if isinstance(p, click.Option) and not p.hidden and not p.help
+        ]
+        assert undocumented == [], (name, undocumented)
+        sets = [p for p in cmd.params if "--set" in getattr(p, "opts", ())]
+        assert all(p.metavar == "KEY.PATH=VALUE" for p in sets), name  # one spelling across commands
