@@ -85,6 +85,8 @@ class DiskFacts:
     local: str | None = None  # the model is already here
     error: str | None = None
     generated: bool = False  # a tiny model sparkctl makes itself (a few MiB)
+    # No expected_bytes: the memory plan's resident weights (one node's share), a lower bound of the download.
+    at_least_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,17 @@ def probe_disk(plan: Plan | None) -> DiskFacts:
         except ImportError:
             local = None
     generated = plan is not None and bool(plan.model.generate)
-    return DiskFacts(str(where), _free(where), need, local=str(local) if local else None, generated=generated)
+    at_least = (
+        plan.memory.weights_bytes if plan is not None and plan.memory is not None and need is None else None
+    )
+    return DiskFacts(
+        str(where),
+        _free(where),
+        need,
+        local=str(local) if local else None,
+        generated=generated,
+        at_least_bytes=at_least or None,
+    )
 
 
 def _free(path: Path) -> int | None:
@@ -493,6 +505,15 @@ def check_disk(disk: DiskFacts) -> Check:
                 "pass" if ok else "warn",
                 f"the model is generated locally (a few MiB); {free_s} at {disk.path}",
             )
+        if disk.at_least_bytes:
+            least = disk.at_least_bytes
+            detail = (
+                f"the model needs at least {least / GiB:.1f} GiB (its weights; the recipe gives no "
+                f"model.expected_bytes), {free_s} at {disk.path}"
+            )
+            if free < least:
+                return Check("disk", "fail", detail, "free space or point HF_HOME at a larger disk")
+            return Check("disk", "pass", detail)
         if free < 100 * GiB:
             return Check(
                 "disk",

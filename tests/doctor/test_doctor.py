@@ -167,6 +167,10 @@ def test_disk() -> None:
     assert check_disk(DiskFacts("/m", None, None, error="model path /m does not exist")).status == "fail"
     assert check_disk(DiskFacts("/hf", 50 * GiB, None)).status == "warn"
     assert check_disk(DiskFacts("/c", 50 * GiB, None, generated=True)).status == "pass"
+    # A recipe without model.expected_bytes is judged by its weights, not by a Spark-size guess.
+    sized = check_disk(DiskFacts("/hf", 50 * GiB, None, at_least_bytes=15 * GiB))
+    assert sized.status == "pass" and "at least 15.0 GiB" in sized.detail and "91" not in sized.detail
+    assert check_disk(DiskFacts("/hf", 10 * GiB, None, at_least_bytes=15 * GiB)).status == "fail"
 
 
 def test_hf_token() -> None:
@@ -235,6 +239,18 @@ def test_probe_disk_for_a_local_path(tmp_path: Path) -> None:
     assert facts.local == str(tmp_path) and facts.free_bytes == shutil.disk_usage(tmp_path).free
     missing = doctor.probe_disk(make_plan(runtime="native", model=ModelSource(path=str(tmp_path / "nope"))))
     assert missing.error and "does not exist" in missing.error
+
+
+def test_probe_disk_sizes_a_recipe_without_expected_bytes_by_its_weights() -> None:
+    from sparkctl.planner import plan
+    from sparkctl.recipe import load_recipe
+
+    gguf = plan(load_recipe("ornith-1.5-35b-a3b-iq3s"), check_memory=False)
+    assert gguf.model.expected_bytes is None and gguf.memory is not None
+    facts = doctor.probe_disk(gguf)
+    assert facts.need_bytes is None and facts.at_least_bytes == gguf.memory.weights_bytes == 16_000_000_000
+    spark = plan(load_recipe("glm-5.3-flash"), check_memory=False)
+    assert doctor.probe_disk(spark).at_least_bytes is None  # expected_bytes is given: that is the need
 
 
 # ------------------------------------------------------------------------------------ the real host
