@@ -70,9 +70,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.UsageError as exc:  # a bad flag or argument: one line, like every other user error
+        click.echo(f"error: {exc.format_message()}", err=True)
+        command = exc.ctx.command_path if exc.ctx is not None else "sparkctl"
+        click.echo(f"hint: {command} --help", err=True)
+        sys.exit(2)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
     except SparkctlError as exc:
         click.echo(f"error: {exc}", err=True)
         if exc.hint:

@@ -252,12 +252,21 @@ def sparkctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (("render", "tiny", "--format", "yaml"), "Invalid value for '--format'"),
         (("validate", "/nonexistent.yaml"), "error: 1 of 1 recipe(s) invalid"),
         (("schema", "-o", "/nonexistent-dir/x.json"), "error: cannot write /nonexistent-dir/x.json"),
+        (("schema", "-o", str(REPO)), "is a directory"),
+        (("show",), "Missing argument 'RECIPE'"),
+        (("show", "tiny", "--model-path", "/nonexistent-dir"), "'/nonexistent-dir' does not exist"),
+        (("up", "tiny", "--port", "70000"), "70000 is not in the range"),
+        (("no-such-command",), "No such command 'no-such-command'"),
     ],
 )
 def test_bad_input_exits_2_without_a_traceback(args: tuple[str, ...], message: str) -> None:
     proc = sparkctl(*args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
+    # Usage errors too: one `error:` line (and a `hint:`), not click's usage block.
+    lines = proc.stderr.splitlines()
+    assert [line for line in lines if line.startswith("error: ")], proc.stderr
+    assert "Usage:" not in proc.stderr and len(lines) <= 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
