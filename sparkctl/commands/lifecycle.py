@@ -333,6 +333,8 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
             health = "stopped"
         else:
             health = "healthy" if probe_health(st.base_url, timeout_s=2.0) else "unhealthy"
+            if health == "unhealthy" and state_files.is_starting(st.recipe):
+                health = "starting"  # an `up` is still waiting for it: not (yet) a problem
         rows.append(
             {
                 "recipe": st.recipe,
@@ -370,7 +372,7 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     table = Table(box=None, pad_edge=False)
     for col in ("RECIPE", "RUNTIME", "PORT", "UPTIME", "HEALTH", "MEMORY", "PID/CONTAINER", "URL"):
         table.add_column(col)
-    colour = {"healthy": "green", "unhealthy": "yellow", "stopped": "red"}
+    colour = {"healthy": "green", "starting": "cyan", "unhealthy": "yellow", "stopped": "red"}
     for r in rows:
         mem = r["memory_bytes"]
         table.add_row(

@@ -127,3 +127,19 @@ def starting(recipe: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def is_starting(recipe: str) -> bool:
+    """True while an `up` of `recipe` holds its start lock (`starting`): the server is still coming up."""
+    path = paths.state_dir() / "locks" / f"{state_path(recipe).stem}.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also releases the lock if it was taken here
+    return False

@@ -79,3 +79,13 @@ def test_path_like_recipe_names_stay_inside_the_servers_dir():
     p = state.state_path("../../etc/passwd")
     assert p.parent == state.servers_dir()
     assert p.name == "etc_passwd.json"
+
+
+def test_is_starting_is_true_only_while_an_up_holds_the_start_lock():
+    from sparkctl.runtimes import state as state_files
+
+    assert not state_files.is_starting("t")  # never started: no lock file at all
+    with state_files.starting("t"):
+        assert state_files.is_starting("t")
+        assert not state_files.is_starting("other")
+    assert not state_files.is_starting("t")  # the lock file stays, but nobody holds it

@@ -154,6 +154,23 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
     _nothing_left(tmp_path, marker)
 
 
+def test_status_says_starting_while_up_waits_for_the_server(tmp_path):
+    marker = f"starting-{os.getpid()}"
+    code = f"""
+        import time  # {marker}
+        time.sleep(600)
+    """
+    recipe = _recipe(tmp_path, "warming", code, health_timeout=300)
+    with _launched(tmp_path, recipe, "warming") as (proc, _):
+        st = _sparkctl(tmp_path, "status", "--json")
+        assert st.returncode == 0, st.stderr
+        assert [(r["recipe"], r["health"]) for r in json.loads(st.stdout)] == [("warming", "starting")]
+        assert "starting" in _sparkctl(tmp_path, "status").stdout
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    _nothing_left(tmp_path, marker)
+
+
 def test_sigterm_during_startup_cleans_up_too(tmp_path):
     marker = f"sigterm-{os.getpid()}"
     code = f"""
