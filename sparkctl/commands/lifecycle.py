@@ -253,7 +253,11 @@ def _age(started_at: float) -> str:
 @click.argument("recipe", required=False)
 @click.option("--all", "all_", is_flag=True, help="Stop every server sparkctl started.")
 @click.option(
-    "--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait before killing."
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for a clean exit (SIGTERM) before killing.",
 )
 def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     """Stop RECIPE (or --all) and remove its process or container. Stopping a stopped one is fine."""

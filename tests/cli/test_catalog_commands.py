@@ -257,6 +257,7 @@ def sparkctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (("show", "tiny", "--model-path", "/nonexistent-dir"), "'/nonexistent-dir' does not exist"),
         (("up", "tiny", "--port", "70000"), "70000 is not in the range"),
         (("no-such-command",), "No such command 'no-such-command'"),
+        (("down", "tiny", "--timeout", "-5"), "-5.0 is not in the range x>=0"),
     ],
 )
 def test_bad_input_exits_2_without_a_traceback(args: tuple[str, ...], message: str) -> None:
