@@ -194,7 +194,29 @@ def check_output_path(out: str | os.PathLike[str], model_dirs: Iterable[str | os
             raise BadInput(
                 f"{out}: will not write into the model directory {d}", hint="write the report elsewhere"
             )
+    _check_writable(out, target.parent)
     return target
+
+
+def _check_writable(out: str | os.PathLike[str], parent: Path) -> None:
+    """Find out before minutes of reading, not after, that the report cannot be written there."""
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    problem = None
+    if not existing.is_dir():
+        problem = f"{existing} is not a directory"
+    elif existing == parent:  # try exactly what write_json_atomic will do
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".prewarm-report-check.", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            problem = f"cannot create a file in {parent} ({exc.strerror or exc})"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"cannot create {parent} (no write permission in {existing})"
+    if problem:
+        raise BadInput(f"{out}: {problem}", hint="pick another --report path")
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: object) -> None:

@@ -209,6 +209,22 @@ def test_report_path_that_is_a_directory(model_dir: Path, tmp_path: Path) -> Non
     assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_an_unwritable_report_path_is_refused_before_reading(model_dir: Path, tmp_path: Path) -> None:
+    """Exit 2 with the path the user gave (not a temp file's name), and no shard read in vain."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for report, why in [
+        (a_file / "r.json", f"{a_file} is not a directory"),
+        (a_file / "sub" / "r.json", f"{a_file} is not a directory"),
+        (Path("/proc/r.json"), "cannot create a file in /proc"),
+    ]:
+        r = run(prewarm_cmd(str(model_dir), "--evict", "--report", str(report)))
+        assert r.returncode == 2, (report, r.stderr)
+        assert r.stderr.startswith(f"error: {report}: {why}"), r.stderr
+        assert ".tmp" not in r.stderr and "Traceback" not in r.stderr
+        assert '"mode"' not in r.stdout and "evict" not in r.stdout  # stopped before doing anything
+
+
 def test_rich_progress_on_a_terminal() -> None:
     import io
 
