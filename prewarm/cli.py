@@ -304,7 +304,10 @@ def _summary(data: dict[str, Any]) -> None:
     table.add_column()
 
     def gib(n: Any) -> str:
-        return f"{int(n) / GiB:.2f} GiB"
+        n = int(n)
+        if n >= GiB // 10 or n == 0:
+            return f"{n / GiB:.2f} GiB"
+        return f"{n / 2**20:.1f} MiB"  # a small model: "0.00 GiB" would say nothing
 
     table.add_row("files", str(len(data["files"])))
     table.add_row("size", gib(data["total_bytes"]))

@@ -245,3 +245,9 @@ def test_conflicting_modes_are_refused(model_dir: Path) -> None:
     ):
         r = run(cmd)
         assert r.returncode == 2 and "choose one of" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_summary_gives_a_small_model_s_size_in_mib(model_dir: Path) -> None:
+    r = run(prewarm_cmd(str(model_dir), "--no-progress"))
+    assert r.returncode == 0, r.stderr
+    assert "16.0 MiB" in r.stdout and "0.00 GiB" not in r.stdout, r.stdout  # four 4 MiB shards
