@@ -310,6 +310,24 @@ def _find_state(recipe: str) -> Any:
         return None
 
 
+def _ready_for_chat(st: Any) -> None:
+    """Say why a server cannot answer (stopped, still starting) instead of a bare 'connection refused'."""
+    from sparkctl.runtimes import state as state_files
+    from sparkctl.server.client import probe_health
+    from sparkctl.up import get_runtime
+
+    if not get_runtime(st.runtime).is_running(st):
+        raise UserError(
+            f"{st.recipe} is not running: its server stopped",
+            hint=f"see why: sparkctl logs {st.recipe}; start it again: sparkctl up {st.recipe}",
+        )
+    if state_files.is_starting(st.recipe) and not probe_health(st.base_url, timeout_s=2.0):
+        raise RuntimeFailure(
+            f"{st.recipe} is still starting",
+            hint=f"wait for `sparkctl up {st.recipe}` to finish; follow it: sparkctl logs -f {st.recipe}",
+        )
+
+
 # -- status ------------------------------------------------------------------------------------------
 
 
@@ -462,6 +480,7 @@ def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: flo
         st = _find_state(recipe)
         if st is None:
             raise UserError(f"{recipe} is not running", hint=f"start it: sparkctl up {recipe}")
+    _ready_for_chat(st)
     t0 = time.monotonic()
     pieces = 0
     for piece in stream_chat(

@@ -166,6 +166,8 @@ def test_status_says_starting_while_up_waits_for_the_server(tmp_path):
         assert st.returncode == 0, st.stderr
         assert [(r["recipe"], r["health"]) for r in json.loads(st.stdout)] == [("warming", "starting")]
         assert "starting" in _sparkctl(tmp_path, "status").stdout
+        chat = _sparkctl(tmp_path, "chat", "warming")
+        assert chat.returncode == 1 and "error: warming is still starting" in chat.stderr, chat.stderr
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     _nothing_left(tmp_path, marker)
@@ -222,6 +224,11 @@ def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
     assert [(r["recipe"], r["health"], r["memory_bytes"]) for r in rows] == [("ghost", "stopped", None)]
     table = _sparkctl(tmp_path, "status")
     assert "ghost" in table.stdout and "stopped" in table.stdout
+    chat = _sparkctl(tmp_path, "chat", "ghost")
+    assert chat.returncode == 2 and "error: ghost is not running: its server stopped" in chat.stderr, (
+        chat.stderr
+    )
+    assert "hint: see why: sparkctl logs ghost" in chat.stderr and "Connection refused" not in chat.stderr
     down = _sparkctl(tmp_path, "down", "ghost")
     assert down.returncode == 0 and "stopped ghost" in down.stdout
     assert list(servers.iterdir()) == []
