@@ -300,14 +300,22 @@ def _find_state(recipe: str) -> Any:
     from sparkctl.runtimes import state as state_files
 
     found = state_files.load(recipe)
-    if found is not None or not (recipe.endswith((".yaml", ".yml")) or "/" in recipe):
+    if found is not None:
         return found
+    name = _recipe_name(recipe)
+    return state_files.load(name) if name != recipe else None
+
+
+def _recipe_name(recipe: str) -> str:
+    """The recipe name behind a YAML path (`up my.yaml` runs the recipe named inside it); a name as is."""
+    if not (recipe.endswith((".yaml", ".yml")) or "/" in recipe):
+        return recipe
     try:
         from sparkctl.recipe import load_recipe
 
-        return state_files.load(load_recipe(recipe).name)
+        return str(load_recipe(recipe).name)
     except UserError:
-        return None
+        return recipe
 
 
 def _ready_for_chat(st: Any) -> None:
@@ -339,7 +347,8 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
 
     states = state_files.load_all()
     if recipe is not None:
-        states = [s for s in states if s.recipe == recipe]
+        names = {recipe, _recipe_name(recipe)}
+        states = [s for s in states if s.recipe in names]
     rows: list[dict[str, Any]] = []
     for st in states:
         try:
@@ -430,7 +439,7 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
     if st is not None:
         lines = get_runtime(st.runtime).logs(st, tail=tail, follow=follow)
     else:
-        path = paths.logs_dir() / f"{state_files.state_path(recipe).stem}.log"
+        path = paths.logs_dir() / f"{state_files.state_path(_recipe_name(recipe)).stem}.log"
         if not path.exists():
             raise UserError(
                 f"no logs for {recipe}: it is not running and has not run", hint="sparkctl status"

@@ -236,6 +236,37 @@ def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
     assert again.returncode == 0 and "no sparkctl servers are running" in again.stdout
 
 
+def test_status_logs_and_down_accept_the_recipe_file_up_was_given(tmp_path):
+    """`up my.yaml` runs the recipe named inside the file; the other commands find it by that path too."""
+    recipe = _recipe(tmp_path, "byfile", "pass\n")
+    servers, logs = tmp_path / "state" / "servers", tmp_path / "state" / "logs"
+    servers.mkdir(parents=True)
+    logs.mkdir(parents=True)
+    (logs / "byfile.log").write_text("the byfile server's log\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    state = {
+        "recipe": "byfile",
+        "runtime": "native",
+        "recipe_hash": "0" * 64,
+        "base_url": "http://127.0.0.1:1",
+        "port": 1,
+        "served_model_name": "byfile",
+        "started_at": time.time() - 30,
+        "pid": dead.pid,
+        "log_path": str(logs / "byfile.log"),
+        "extra": {"create_time": "1.0", "pgid": str(dead.pid)},
+    }
+    (servers / "byfile.json").write_text(json.dumps(state))
+    st = _sparkctl(tmp_path, "status", str(recipe), "--json")
+    assert [r["recipe"] for r in json.loads(st.stdout)] == ["byfile"], st.stdout
+    assert "the byfile server's log" in _sparkctl(tmp_path, "logs", str(recipe)).stdout
+    down = _sparkctl(tmp_path, "down", str(recipe))
+    assert down.returncode == 0 and "stopped byfile" in down.stdout, down.stderr
+    after = _sparkctl(tmp_path, "logs", str(recipe))  # no state any more: the kept log, found by name
+    assert after.returncode == 0 and "the byfile server's log" in after.stdout, after.stderr
+
+
 def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
     for args, text in [
         (("down",), "name the recipe to stop"),
