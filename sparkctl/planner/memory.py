@@ -56,6 +56,8 @@ class MemoryCheck:
 
 
 def gib(n: float) -> str:
+    if 0 < n < GiB / 10:  # a tiny model: "0.00 GiB" would say nothing
+        return f"{n / 2**20:.1f} MiB"
     return f"{n / GiB:.2f} GiB"
 
 

@@ -465,3 +465,12 @@ def test_config_geometry_can_refuse_a_context_that_does_not_fit(tmp_path: Path) 
     )
     with pytest.raises(UserError, match="fewer than max_model_len 262,144"):
         plan(load_recipe("qwen3.8-flash-next"), model_path=str(model))
+
+
+def test_sizes_in_the_memory_plan_read_well_for_tiny_models_too() -> None:
+    from sparkctl.planner.memory import GiB, gib
+
+    assert gib(1_970_848) == "1.9 MiB"  # the tiny Llama's weights, not "0.00 GiB"
+    assert gib(256 * 2**20) == "0.25 GiB"
+    assert gib(91 * GiB) == "91.00 GiB"
+    assert gib(0) == "0.00 GiB"
