@@ -321,6 +321,8 @@ def _error_text(err: Any, loc: Path_, origin: Origin) -> str:
         message = f"expected a mapping, got {type(err['input']).__name__}"
     elif "input" in err and kind.endswith("_type"):
         message = f"{message}, got {type(err['input']).__name__} {err['input']!r}"
+    if not loc:  # a rule about the whole recipe: its message names the fields
+        return f"{origin}: {message}"
     return f"{origin}: {dotted}: {message}"
 
 

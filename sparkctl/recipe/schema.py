@@ -633,7 +633,9 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
         if self.runtime == "docker" and not self.container.image:
-            raise ValueError("runtime docker needs container.image")
+            raise ValueError(
+                "runtime docker needs container.image (the image to run: --set container.image=IMAGE)"
+            )
         if self.engine.name == "llama.cpp" and self.model.format != "gguf":
             raise ValueError(f"engine llama.cpp serves gguf models, not {self.model.format}")
         if self.engine.name == "vllm" and self.model.format == "gguf":

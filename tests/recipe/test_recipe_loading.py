@@ -259,6 +259,14 @@ def test_set_can_make_a_recipe_conflict() -> None:
     assert "mutually exclusive" in msg
 
 
+def test_a_rule_about_the_whole_recipe_reads_as_one_plain_sentence() -> None:
+    msg = error_of("tiny", ("runtime=docker",))
+    assert msg.endswith(
+        "tiny.yaml:3:1: runtime docker needs container.image (the image to run: --set container.image=IMAGE)"
+    ), msg
+    assert "(recipe)" not in msg
+
+
 # ---- catalog
 
 
