@@ -172,7 +172,7 @@ def _start(
     runtime = get_runtime(plan.runtime)
 
     # already up? port free? -------------------------------------------------------------------------
-    existing = _existing(plan, runtime, rep)
+    existing = _existing(plan, runtime, rep, port_asked=_port_asked(opts))
     if existing is not None:
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
     _check_port(plan)
@@ -298,8 +298,19 @@ def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
     return plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
 
 
-def _existing(plan: Plan, runtime: Runtime, rep: Reporter) -> ServerState | None:
-    """The same recipe already up and healthy -> its state; running but sick -> error; stale -> cleaned."""
+def _port_asked(opts: UpOptions) -> bool:
+    """Did the user name a port (`--port N`, `--set serve.port=N`), rather than take the recipe's?"""
+    if opts.port is not None:
+        return opts.port != 0  # 0: any free port will do
+    return any(o.split("=", 1)[0].strip() == "serve.port" for o in opts.overrides)
+
+
+def _existing(plan: Plan, runtime: Runtime, rep: Reporter, *, port_asked: bool = False) -> ServerState | None:
+    """The same recipe already up and healthy -> its state; running but sick -> error; stale -> cleaned.
+
+    Up on another port than the one asked for is an error (nothing answers where the user will look);
+    on another port than the recipe's default it is only a note.
+    """
     from sparkctl.server.client import probe_health
 
     old = state_files.load(plan.recipe_name)
@@ -308,6 +319,11 @@ def _existing(plan: Plan, runtime: Runtime, rep: Reporter) -> ServerState | None
     old_runtime = runtime if old.runtime == runtime.name else get_runtime(old.runtime)
     if old_runtime.is_running(old):
         if probe_health(old.base_url):
+            if old.port != plan.port and port_asked:
+                raise UserError(
+                    f"{plan.recipe_name} is already running on port {old.port}, not {plan.port}",
+                    hint=f"use {old.base_url}/v1, or move it: sparkctl down {plan.recipe_name}, then up again",
+                )
             if old.port != plan.port:
                 rep.warn(
                     f"{plan.recipe_name} is already running on port {old.port}, not {plan.port}; "

@@ -122,6 +122,19 @@ def test_up_again_is_idempotent(tiny_server):
     assert again["pid"] == tiny_server.up["pid"]
     text = tiny_server.sparkctl("up", "tiny", "--port", str(tiny_server.port))
     assert "tiny is already up" in text.stdout
+    # Without a port the recipe's is only a default: the running server is the answer.
+    default = tiny_server.sparkctl("up", "tiny")
+    assert default.returncode == 0 and "tiny is already up" in default.stdout, default.stderr
+    assert f"already running on port {tiny_server.port}" in default.stderr
+    # A port asked for by name where nothing will answer is an error, and nothing moves.
+    elsewhere = tiny_server.sparkctl("up", "tiny", "--port", str(tiny_server.port + 1))
+    assert elsewhere.returncode == 2, elsewhere.stderr
+    assert (
+        f"error: tiny is already running on port {tiny_server.port}, not {tiny_server.port + 1}"
+        in elsewhere.stderr
+    )
+    assert "hint: use http://127.0.0.1:" in elsewhere.stderr
+    assert tiny_server.sparkctl("status", "tiny", "--json").stdout.count(f'"port": {tiny_server.port}') == 1
 
 
 def test_another_recipe_on_the_same_port_is_refused_by_name(tiny_server, tmp_path):
