@@ -191,8 +191,14 @@ def gemv_ksplit(rows: int, in_features: int, out_features: int, k2: int, codeboo
 
 def _main(argv: list[str]) -> int:
     """``python -m sparkctl_exl3.cuda build``: compile the extension now (image build, or before a bench)."""
+    usage = "usage: python -m sparkctl_exl3.cuda build"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(
+            f"{usage}\n\ncompile the EXL3 CUDA extension now into {build_dir()} (otherwise it is built on first use)"
+        )
+        return 0
     if argv[:1] != ["build"]:
-        print("usage: python -m sparkctl_exl3.cuda build", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         build(verbose=True)

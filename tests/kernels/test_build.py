@@ -167,3 +167,15 @@ def test_bench_refuses_without_gpu() -> None:
     )
     assert proc.returncode == 2
     assert "no CUDA device" in proc.stderr
+
+
+def test_the_build_command_explains_itself_and_rejects_anything_else() -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "sparkctl_exl3.cuda", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    helped = run("--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "usage: python -m sparkctl_exl3.cuda build" in helped.stdout and "compile" in helped.stdout
+    wrong = run("bogus")
+    assert wrong.returncode == 2 and "usage: python -m sparkctl_exl3.cuda build" in wrong.stderr
