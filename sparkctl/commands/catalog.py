@@ -41,14 +41,11 @@ def _stderr() -> Any:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _stdout(*, wide: bool = False) -> Any:
-    """A console for data. `wide`: when piped, 200 columns so table rows do not fold into narrow cells."""
-    import sys
-
+def _stdout() -> Any:
+    """A console for data (no syntax highlighting of numbers and paths)."""
     from rich.console import Console
 
-    width = 200 if wide and not sys.stdout.isatty() else None
-    return Console(highlight=False, width=width)
+    return Console(highlight=False)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -111,12 +108,18 @@ def list_cmd(as_json: bool) -> None:
     if not entries:
         click.echo("No recipes found.", err=True)
         return
+    import sys
+
     from rich.table import Table
 
+    piped = not sys.stdout.isatty()
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NAME", "MODEL", "FORMAT", "SIZE", "ENGINE", "RUNTIME"):
         table.add_column(col, no_wrap=True)
-    table.add_column("DESCRIPTION", overflow="fold", ratio=1)
+    if piped:  # one line per recipe, for grep and awk
+        table.add_column("DESCRIPTION", no_wrap=True)
+    else:
+        table.add_column("DESCRIPTION", overflow="fold", ratio=1)
     for e in entries:
         if e.error:
             table.add_row(e.name, "", "", "", "", "", f"[red]invalid:[/red] {e.error}")
@@ -128,7 +131,15 @@ def list_cmd(as_json: bool) -> None:
         table.add_row(
             e.name, e.model, fmt, _size(e.size_bytes, e.size_is_estimate), e.engine, runtime, e.description
         )
-    _stdout(wide=True).print(table)
+    if piped:
+        from rich.console import Console
+
+        console = Console(highlight=False, width=100_000, no_color=True)
+        with console.capture() as captured:
+            console.print(table)
+        click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+    else:
+        _stdout().print(table)
 
 
 @click.command("show", short_help="Show a recipe, its command and its memory plan.")

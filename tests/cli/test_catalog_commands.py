@@ -271,6 +271,17 @@ def test_bad_input_exits_2_without_a_traceback(args: tuple[str, ...], message: s
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+def test_list_piped_is_one_line_per_recipe() -> None:
+    """`sparkctl list | grep docker` must see whole records: no description folded onto a second line."""
+    proc = sparkctl("list")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["NAME", *builtin_names()]
+    assert all(line == line.rstrip() for line in lines)
+    (glm,) = [line for line in lines if line.startswith("glm-5.3-flash ")]
+    assert glm.endswith("64k context on one Spark")
+
+
 def test_malformed_recipe_file_in_a_process(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema: 1\nmodel:\n  repo: a/b\n   x: 1\n")
