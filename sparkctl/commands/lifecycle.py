@@ -169,7 +169,7 @@ def up_cmd(
         raise
     except KeyboardInterrupt:
         reporter.console.print("[yellow]![/] interrupted: stopped what this `up` had started")
-        raise
+        click.get_current_context().exit(130)  # said once; not click's extra "Aborted."
 
     if result.dry_run:
         _print_dry_run(result, as_json)

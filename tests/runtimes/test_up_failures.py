@@ -150,6 +150,7 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted: stopped what this `up` had started" in err, err
+    assert "Aborted." not in err and "Traceback" not in err, err
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, err
     _nothing_left(tmp_path, marker)
 
