@@ -351,7 +351,7 @@ def check_gpu(nv: NvidiaFacts | None, needs: Needs) -> Check:
             )
         detail = f"{why}: only CPU recipes (tiny) can run here"
         if needs.recipe:
-            return Check("gpu", "pass", f"not needed by {needs.recipe} ({why})")
+            return Check("gpu", "pass", f"not needed by {needs.recipe}; {why}")
         return Check(
             "gpu", "warn", detail, "on a DGX Spark, check that the NVIDIA driver is loaded: nvidia-smi"
         )

@@ -341,6 +341,8 @@ def test_doctor_recipe_scoping(tmp_path: Path) -> None:
     assert by["gpu"]["status"] == "pass"
     assert r.returncode == (0 if data["ok"] else 1)
     if not (shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists()):
+        gpu = by["gpu"]["detail"]
+        assert gpu.startswith("not needed by tiny; no nvidia-smi") and "))" not in gpu, gpu  # readable
         r = sparkctl("doctor", "glm-5.3-flash", "--json", env=env)
         assert r.returncode == 1
         by = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
