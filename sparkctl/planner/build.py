@@ -179,7 +179,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             shm_size=c.shm_size,
             ulimits={k: (v, v) for k, v in c.ulimits.items()},
             mounts=tuple(mounts),
-            labels={"sparkctl.recipe": recipe.name, "sparkctl.recipe-hash": rhash},
+            labels={"io.sparkctl.recipe": recipe.name, "io.sparkctl.recipe-hash": rhash},
             devices=tuple(c.devices),
             memory_limit=c.memory_limit,
         )

@@ -171,7 +171,7 @@ def test_docker_container_settings() -> None:
         "16g",
     )
     assert c.ulimits == {"memlock": (-1, -1), "stack": (67108864, 67108864)}
-    assert c.labels == {"sparkctl.recipe": "glm-5.3-flash", "sparkctl.recipe-hash": p.recipe_hash}
+    assert c.labels == {"io.sparkctl.recipe": "glm-5.3-flash", "io.sparkctl.recipe-hash": p.recipe_hash}
     assert p.model.repo == "vcruz305/GLM-5.3-Flash-EXL3-K2"
     assert p.model.expected_shards == 120
 

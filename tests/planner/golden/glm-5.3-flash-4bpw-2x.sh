@@ -26,8 +26,8 @@ docker run --rm \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
-  --label sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label sparkctl.recipe-hash=698ea8c7bfe32927f70384fa5ae4be0696bbc1ffd50a6c0e2adeb3188ca87088 \
+  --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
+  --label io.sparkctl.recipe-hash=698ea8c7bfe32927f70384fa5ae4be0696bbc1ffd50a6c0e2adeb3188ca87088 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw \

@@ -14,8 +14,8 @@ docker run --rm \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
-  --label sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label sparkctl.recipe-hash=16312dd13e402996a9d6e9e8d7ac9d167faa95be1cd77d285b6e4fa3d0505c83 \
+  --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
+  --label io.sparkctl.recipe-hash=16312dd13e402996a9d6e9e8d7ac9d167faa95be1cd77d285b6e4fa3d0505c83 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve vcruz305/GLM-5.3-Flash-EXL3-K2K3-mix \

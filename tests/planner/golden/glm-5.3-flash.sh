@@ -14,8 +14,8 @@ docker run --rm \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
-  --label sparkctl.recipe=glm-5.3-flash \
-  --label sparkctl.recipe-hash=76953cf4a064bbf39c3c925942b8e2641ef1d37ff764d031a9cf6cead602cc57 \
+  --label io.sparkctl.recipe=glm-5.3-flash \
+  --label io.sparkctl.recipe-hash=76953cf4a064bbf39c3c925942b8e2641ef1d37ff764d031a9cf6cead602cc57 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve vcruz305/GLM-5.3-Flash-EXL3-K2 \

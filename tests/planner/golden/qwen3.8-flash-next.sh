@@ -15,8 +15,8 @@ docker run --rm \
   -e VLLM_EXL3_PREFILL_SYNC=256 \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
-  --label sparkctl.recipe=qwen3.8-flash-next \
-  --label sparkctl.recipe-hash=fe56825d1681fe386e34b69560cd60118f31a2217daf91ce618b3b5952888612 \
+  --label io.sparkctl.recipe=qwen3.8-flash-next \
+  --label io.sparkctl.recipe-hash=fe56825d1681fe386e34b69560cd60118f31a2217daf91ce618b3b5952888612 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve turboderp/Qwen3.8-Flash-Next-exl3 \
