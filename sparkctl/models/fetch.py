@@ -48,6 +48,8 @@ def resolve_model(source: ModelSource, *, offline: bool = False, cache_dir: str 
 def local_model_path(source: ModelSource, *, cache_dir: str | Path | None = None) -> Path | None:
     """Where the model already is on this machine, or None; never touches the network or writes."""
     if source.repo:
+        if not _repo_cache_folder(source.repo, cache_dir).is_dir():
+            return None  # nothing cached: answer without importing hf_api (~0.1 s of `doctor`)
         from huggingface_hub.errors import LocalEntryNotFoundError
 
         try:
@@ -61,6 +63,14 @@ def local_model_path(source: ModelSource, *, cache_dir: str | Path | None = None
         p = paths.generated_model_dir(source.generate)
         return p if p.is_dir() and _is_current(p, generator_fingerprint(source.generate)) else None
     return None
+
+
+def _repo_cache_folder(repo: str, cache_dir: str | Path | None) -> Path:
+    """The hub cache's folder for a model repo (`models--owner--name`), per huggingface_hub's layout."""
+    from huggingface_hub import constants
+
+    sep = constants.REPO_ID_SEPARATOR
+    return Path(cache_dir or constants.HF_HUB_CACHE) / f"models{sep}{repo.replace('/', sep)}"
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -178,3 +178,19 @@ def test_fingerprint_follows_the_generator_source():
     assert fetch.generator_fingerprint("tiny-llama") != fetch.generator_fingerprint("tiny-exl3-dense")
     with pytest.raises(UserError, match="unknown model generator"):
         fetch.generator_fingerprint("nope")
+
+
+def test_local_model_path_of_an_uncached_repo_is_cheap(hf_cache, tmp_path):
+    """`doctor` asks this for every hub recipe: a repo with no cache folder is answered without
+    importing huggingface_hub's API client (~0.1 s), and a cached one is still found."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from sparkctl.models import fetch; from sparkctl.planner.types import ModelSource; "
+        f"print(fetch.local_model_path(ModelSource(repo='nobody/absent'), cache_dir={str(hf_cache)!r})); "
+        "print('huggingface_hub.hf_api' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["None", "False"]
+    assert fetch.local_model_path(ModelSource(repo=REPO), cache_dir=hf_cache) is not None
