@@ -23,27 +23,9 @@ STATUS="$CACHE/engine.status"
 WAIT_S="${SPARKCTL_DOCKERD_WAIT_S:-60}"
 mkdir -p "$CACHE"
 
-say() { echo "docker-engine: $*" >&2; }
-
-record() { # record <ready|unavailable> <reason>: what the tests read to decide skip vs run
-    local tmp="$STATUS.tmp.$$"
-    printf '%s\t%s\n' "$1" "$2" >"$tmp" && mv -f "$tmp" "$STATUS"
-}
-
-unavailable() { # this machine cannot have it (not root, no apt-get, no registry): skip, unless required
-    say "unavailable: $1"
-    record unavailable "$1"
-    if [[ "${SPARKCTL_REQUIRE_DOCKER:-}" == 1 ]]; then exit 1; fi
-    exit 0
-}
-
-broken() { # it should work here (root, packages installed) and did not: fail, unless told to skip
-    say "FAILED: $1"
-    record unavailable "$1"
-    if [[ "${SPARKCTL_REQUIRE_DOCKER:-}" == 0 ]]; then exit 0; fi
-    say "(set SPARKCTL_REQUIRE_DOCKER=0 to run the other tests without Docker)"
-    exit 1
-}
+NAME=docker-engine
+# shellcheck source=lib/outcome.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/outcome.sh"
 
 answering() { # the daemon is up when the API answers on the socket, not merely when the file exists
     [[ -S "$SOCK" ]] && DOCKER_HOST="unix://$SOCK" timeout 5 docker version --format '{{.Server.Version}}' >/dev/null 2>&1

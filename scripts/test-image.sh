@@ -30,25 +30,9 @@ PACKAGES=(
 )
 mkdir -p "$CACHE"
 
-say() { echo "test-image: $*" >&2; }
-record() {
-    local tmp="$STATUS.tmp.$$"
-    printf '%s\t%s\n' "$1" "$2" >"$tmp" && mv -f "$tmp" "$STATUS"
-}
-unavailable() { # this machine cannot have it (not root, no apt-get, no registry): skip, unless required
-    say "unavailable: $1"
-    record unavailable "$1"
-    if [[ "${SPARKCTL_REQUIRE_DOCKER:-}" == 1 ]]; then exit 1; fi
-    exit 0
-}
-
-broken() { # it should work here (root, packages installed) and did not: fail, unless told to skip
-    say "FAILED: $1"
-    record unavailable "$1"
-    if [[ "${SPARKCTL_REQUIRE_DOCKER:-}" == 0 ]]; then exit 0; fi
-    say "(set SPARKCTL_REQUIRE_DOCKER=0 to run the other tests without Docker)"
-    exit 1
-}
+NAME=test-image
+# shellcheck source=lib/outcome.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/outcome.sh"
 
 include="$(IFS=,; echo "${PACKAGES[*]}")"
 key="$(printf '%s|%s|%s' "$SUITE" "$(uname -m)" "$include" | sha256sum | cut -c1-16)"
