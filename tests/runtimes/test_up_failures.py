@@ -202,23 +202,31 @@ def test_dry_run_prints_the_plan_and_does_nothing(tmp_path):
     assert 1024 <= any_port["plan"]["port"] <= 65535  # --port 0: a free port picked by the kernel
 
 
-def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
+def _dead_server_state(tmp_path: Path, recipe: str, *, age_s: float, log_path: Path | None = None) -> Path:
+    """A state file for a native server whose process has exited: what a crash or reboot leaves."""
     servers = tmp_path / "state" / "servers"
     servers.mkdir(parents=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     state = {
-        "recipe": "ghost",
+        "recipe": recipe,
         "runtime": "native",
         "recipe_hash": "0" * 64,
         "base_url": "http://127.0.0.1:1",
         "port": 1,
-        "served_model_name": "ghost",
-        "started_at": time.time() - 30,
+        "served_model_name": recipe,
+        "started_at": time.time() - age_s,
         "pid": dead.pid,
         "extra": {"create_time": "1.0", "pgid": str(dead.pid)},
     }
-    (servers / "ghost.json").write_text(json.dumps(state))
+    if log_path is not None:
+        state["log_path"] = str(log_path)
+    (servers / f"{recipe}.json").write_text(json.dumps(state))
+    return servers
+
+
+def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
+    servers = _dead_server_state(tmp_path, "ghost", age_s=30)
     st = _sparkctl(tmp_path, "status", "--json")
     assert st.returncode == 0, st.stderr
     rows = json.loads(st.stdout)
@@ -240,25 +248,10 @@ def test_stale_state_shows_stopped_and_down_cleans_it(tmp_path):
 def test_status_logs_and_down_accept_the_recipe_file_up_was_given(tmp_path):
     """`up my.yaml` runs the recipe named inside the file; the other commands find it by that path too."""
     recipe = _recipe(tmp_path, "byfile", "pass\n")
-    servers, logs = tmp_path / "state" / "servers", tmp_path / "state" / "logs"
-    servers.mkdir(parents=True)
+    logs = tmp_path / "state" / "logs"
     logs.mkdir(parents=True)
     (logs / "byfile.log").write_text("the byfile server's log\n")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    state = {
-        "recipe": "byfile",
-        "runtime": "native",
-        "recipe_hash": "0" * 64,
-        "base_url": "http://127.0.0.1:1",
-        "port": 1,
-        "served_model_name": "byfile",
-        "started_at": time.time() - 30,
-        "pid": dead.pid,
-        "log_path": str(logs / "byfile.log"),
-        "extra": {"create_time": "1.0", "pgid": str(dead.pid)},
-    }
-    (servers / "byfile.json").write_text(json.dumps(state))
+    _dead_server_state(tmp_path, "byfile", age_s=30, log_path=logs / "byfile.log")
     st = _sparkctl(tmp_path, "status", str(recipe), "--json")
     assert [r["recipe"] for r in json.loads(st.stdout)] == ["byfile"], st.stdout
     assert "the byfile server's log" in _sparkctl(tmp_path, "logs", str(recipe)).stdout
@@ -354,22 +347,7 @@ def test_a_port_held_by_a_stranger_is_named(tmp_path):
 def test_a_stale_state_file_is_cleaned_up_by_the_next_up(tmp_path):
     marker = f"stale-{os.getpid()}"
     recipe = _recipe(tmp_path, "stale", f"import sys  # {marker}\nsys.exit(4)\n")
-    servers = tmp_path / "state" / "servers"
-    servers.mkdir(parents=True)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    old = {
-        "recipe": "stale",
-        "runtime": "native",
-        "recipe_hash": "0" * 64,
-        "base_url": "http://127.0.0.1:1",
-        "port": 1,
-        "served_model_name": "stale",
-        "started_at": time.time() - 300,
-        "pid": dead.pid,
-        "extra": {"create_time": "1.0", "pgid": str(dead.pid)},
-    }
-    (servers / "stale.json").write_text(json.dumps(old))
+    _dead_server_state(tmp_path, "stale", age_s=300)
     res = _sparkctl(tmp_path, "up", str(recipe), "--port", str(free_port()))
     assert "stale had a state file but was not running (cleaned up)" in res.stderr
     assert res.returncode == 1 and "process exited with code 4" in res.stderr
