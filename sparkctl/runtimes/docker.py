@@ -16,7 +16,6 @@ import contextlib
 import functools
 import os
 import posixpath
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
+from sparkctl.server.ports import listener, port_is_free
 
 if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
     import docker
@@ -183,35 +183,14 @@ def _start_hint(text: str) -> str:
 
 
 def port_owner(host: str, port: int) -> str | None:
-    """Who listens on `port`, as "pid N (cmdline)" when psutil can tell, else None.
+    """Who listens on `port`, as "pid N (cmdline)" when psutil can tell, else None if it is free.
 
     Containers run on the host network, so a taken port would otherwise surface only as vLLM's
     "address already in use" deep in the container log after the image has started.
     """
-    bind_host = "0.0.0.0" if host in ("0.0.0.0", "", "*") else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((bind_host, port))
-        except OSError:
-            pass
-        else:
-            return None
-    try:
-        import psutil
-
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                try:
-                    proc = psutil.Process(conn.pid)
-                    cmd = " ".join(proc.cmdline()) or proc.name()
-                except psutil.Error:
-                    cmd = "?"
-                return f"pid {conn.pid} ({cmd[:120]})"
-    except Exception:  # psutil may be refused the connection table; the port is taken all the same
-        pass
-    return "another process"
+    if port_is_free(host, port):
+        return None
+    return listener(port) or "another process"
 
 
 class DockerRuntime:
