@@ -33,6 +33,7 @@ _SPILL = re.compile(
 )
 _USED = re.compile(r"Used (?P<regs>\d+) registers(?:, used \d+ barriers)?(?:, (?P<smem>\d+) bytes smem)?")
 _GEMV = re.compile(r"gemv_kernelILi(?P<k2>\d+)ELi(?P<cb>\d)E")
+_GEMV_I8 = re.compile(r"gemv_i8_kernelILi(?P<k2>\d+)ELi(?P<g>\d)E")
 _CODEBOOKS = ("3inst", "mcg", "mul1")
 
 
@@ -52,10 +53,15 @@ class KernelReport:
         """A readable kernel name: the GEMV's rate and codebook instead of the mangled template."""
         m = _GEMV.search(self.name)
         if m:
-            k2 = int(m["k2"])
-            bits = str(k2 // 2) if k2 % 2 == 0 else f"{k2 / 2:.1f}"
-            return f"gemv K={bits} {_CODEBOOKS[int(m['cb'])]}"
+            return f"gemv K={_bits(int(m['k2']))} {_CODEBOOKS[int(m['cb'])]}"
+        m = _GEMV_I8.search(self.name)
+        if m:  # the integer-tensor-core mul1 kernel, one instance per column group count (4 rows each)
+            return f"gemv-i8 K={_bits(int(m['k2']))} rows<={4 * int(m['g'])}"
         return _unqualified(self.name)
+
+
+def _bits(k2: int) -> str:
+    return str(k2 // 2) if k2 % 2 == 0 else f"{k2 / 2:.1f}"
 
 
 def _unqualified(mangled: str) -> str:

@@ -215,6 +215,33 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
         finally:
             del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
 
+    # 2c'. mul1 through the fp16 kernel too (the integer kernel is the default; SPARKCTL_EXL3_MUL1_PATH=fp16)
+    os.environ["SPARKCTL_EXL3_MUL1_PATH"] = "fp16"
+    try:
+        for k2 in (4, 8, 5):
+            trellis, suh, svh = random_layer(1024, 640, k2, gen, dev)
+            w = reference.weight(trellis, suh, svh, "mul1").float()
+            for rows in (1, 5, 8):
+                x = torch.randn(rows, 1024, generator=gen).half().to(dev)
+                y = cuda.gemv(x, trellis, suh, svh, 2)
+                case = f"mul1 fp16 kernel 1024x640 K={k2_label(k2)} rows={rows}"
+                yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
+    finally:
+        del os.environ["SPARKCTL_EXL3_MUL1_PATH"]
+
+    # 2c''. activations with outliers: the integer kernel carries x' as 16-bit integers scaled by each block's
+    # largest |x'|, so one huge channel must not drown the others (error against the float64 product)
+    for k2, cb in ((4, "mul1"), (8, "mul1"), (4, "3inst")):
+        trellis, suh, svh = random_layer(4096, 512, k2, gen, dev)
+        w = reference.weight(trellis, suh, svh, cb).double()
+        for rows in (1, 6):
+            x = torch.randn(rows, 4096, generator=gen) * torch.exp(torch.randn(rows, 4096, generator=gen))
+            x[:, 7] *= 300.0
+            x = x.half()
+            y = cuda.gemv(x.to(dev), trellis, suh, svh, CODEBOOKS.index(cb))
+            case = f"outlier activations 4096x512 K={k2_label(k2)} {cb} rows={rows}"
+            yield CheckResult("gemv", case, rel_err(y, x.double().to(dev) @ w), REL_TOL)
+
     # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layout (8 rows, x' fused per block)
     os.environ["SPARKCTL_EXL3_SMEM_LIMIT"] = str(99 * 1024)
     os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = "99"
@@ -355,6 +382,12 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                                 extra["other_xprep_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
                             finally:
                                 del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
+                        if args.ab_mul1 and ks == 0 and cb == "mul1":
+                            os.environ["SPARKCTL_EXL3_MUL1_PATH"] = "fp16"
+                            try:
+                                extra["fp16_kernel_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
+                            finally:
+                                del os.environ["SPARKCTL_EXL3_MUL1_PATH"]
                         if args.ab_pdl and ks == 0:
                             os.environ["SPARKCTL_EXL3_NO_PDL"] = "1"
                             try:
@@ -459,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="more shapes")
     p.add_argument("--ab-pdl", action="store_true", help="also time each case with programmatic launch off")
     p.add_argument("--ab-xprep", action="store_true", help="also time each case with the other x' path")
+    p.add_argument("--ab-mul1", action="store_true", help="also time mul1 cases through the fp16 kernel")
     p.add_argument("--calls", type=int, default=48, help="calls per CUDA graph")
     p.add_argument("--reps", type=int, default=15, help="graph replays (median)")
     p.add_argument("--seed", type=int, default=1234)
@@ -516,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{' (sweep)' if t.extra.get('sweep') else ''}: {t.us:7.2f} us  dense {t.dense_us:7.2f} us"
                     f"  x{t.dense_us / t.us:5.2f}  floor {t.floor_us:6.2f} us ({100 * t.floor_us / t.us:5.1f}%)"
                     + (f"  no-PDL {t.extra['no_pdl_us']:.2f} us" if "no_pdl_us" in t.extra else "")
+                    + (
+                        f"  fp16-kernel {t.extra['fp16_kernel_us']:.2f} us"
+                        if "fp16_kernel_us" in t.extra
+                        else ""
+                    )
                     + (
                         f"  other-x' {t.extra['other_xprep_us']:.2f} us"
                         if "other_xprep_us" in t.extra

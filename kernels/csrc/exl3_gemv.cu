@@ -21,8 +21,42 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 namespace exl3 {
+
+// Blocks per SM the GEMV kernels are compiled for (register budget 65536 / (256 * this)). With no minimum, ptxas
+// for sm_121 capped some instances at 64 registers and spilled; 2 lets every instance keep its state in
+// registers. -DEXL3_MIN_BLOCKS=N (SPARKCTL_EXL3_NVCC_FLAGS) is there for timing other budgets.
+#ifndef EXL3_MIN_BLOCKS
+#define EXL3_MIN_BLOCKS 2
+#endif
+
+// Phase timing (kernels/bench/phase_timing.cu builds this file with -DEXL3_TIMING): thread 0 of each block
+// writes clock64() at fixed points of the block's life, plus %globaltimer at start and end, into
+// g_exl3_timing[block * kStamps + k]. Compiled out otherwise.
+#ifdef EXL3_TIMING
+constexpr int kStamps = 8;
+__device__ unsigned long long* g_exl3_timing = nullptr;
+__device__ __forceinline__ void exl3_stamp(int k) {
+  if (threadIdx.x == 0 && g_exl3_timing != nullptr) {
+    unsigned long long v;
+    if (k == 0 || k == kStamps - 1) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    else v = clock64();
+    unsigned long long* t = g_exl3_timing + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
+    t[k] = v;
+    if (k == 0) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      t[kStamps - 2] = sm;
+    }
+  }
+}
+#define EXL3_STAMP(k) exl3_stamp(k)
+constexpr int kStampsEnd = kStamps - 1;
+#else
+#define EXL3_STAMP(k)
+#endif
 
 constexpr int kWarps = 8;                  // warps per block
 constexpr int kThreads = kWarps * 32;      // threads per block
@@ -113,6 +147,9 @@ __device__ __forceinline__ uint32_t bits16(const uint32_t (&w)[NW]) {
   }
 }
 
+// The mul1 codebook decoded through the integer tensor cores (gemv_i8_kernel): a template codebook id of its own.
+constexpr int kMul1Int = 3;
+
 // Codebook hash of a 16-bit state (SPEC 2.3). For 3INST/MCG the result holds two fp16 halves still to be added;
 // for mul1 its low 16 bits are the fp16 1024 + byte sum.
 template <int CB>
@@ -124,9 +161,12 @@ __device__ __forceinline__ uint32_t cb_hash(uint32_t s) {
     uint32_t r;
     asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(r) : "r"(x), "n"(0x8FFF8FFF), "r"(0x3B603B60u));
     return r;
-  } else {
+  } else if constexpr (CB == 2) {
     const uint32_t x = s * 0x83DCD12Du;
     return __dp4a(x, 0x01010101u, 0x6400u);
+  } else {
+    // kMul1Int: the hashed word itself; its four bytes are summed by the integer mma (gemv_i8_kernel)
+    return s * 0x83DCD12Du;
   }
 }
 
@@ -152,7 +192,8 @@ struct TileDecoder {
   // A fragments of W_hat^T (rows = output columns n, cols = inputs k). Lane (g, c) owns positions e = 0..7 at
   // n = g + 8*(e>>2), k = 2c + (e&1) + 8*((e>>1)&1): even positions go to the k = 2c / 2c+8 slots of the first
   // mma, odd ones to the same slots of the second (whose B carries x'[2c+1] / x'[2c+9] there).
-  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4]) {
+  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4],
+                                                uint32_t one) {
     if constexpr (K2 == 4 && BASE == 0) {
       // K = 2: states e sit at bits 2e .. 2e+15 of one word. Three shifted copies put every state on a byte
       // boundary, so each is cut with one SHR or PRMT: 12 ALU ops per 8 states instead of 15 (shift + mask). The
@@ -160,9 +201,17 @@ struct TileDecoder {
       // the copies via inline PTX: written in C, the compiler folds (w << 2) >> 16 back into shift + mask
       const uint32_t w0 = w[0];
       uint32_t w1, w2, w3;
+#ifdef EXL3_COPIES_ON_FMA
+      // as multiplications by run-time factors (ptxas turns constant ones back into shifts): IMAD runs on the FMA
+      // pipe, which has room, while the ALU pipe is the integer kernel's busiest
+      w1 = w0 * (4u * one);
+      w2 = w0 * (16u * one);
+      w3 = w0 * (64u * one);
+#else
       asm("shl.b32 %0, %1, 2;" : "=r"(w1) : "r"(w0));
       asm("shl.b32 %0, %1, 4;" : "=r"(w2) : "r"(w0));
       asm("shl.b32 %0, %1, 6;" : "=r"(w3) : "r"(w0));
+#endif
       ae[0] = cb_hash<CB>(w0 >> 16);
       ae[1] = cb_hash<CB>(__byte_perm(w0, 0u, 0x4421));  // position 4: bits 8..23
       ae[2] = cb_hash<CB>(w2 >> 16);
@@ -171,6 +220,22 @@ struct TileDecoder {
       ao[1] = cb_hash<CB>(__byte_perm(w1, 0u, 0x4421));  // position 5
       ao[2] = cb_hash<CB>(w3 >> 16);
       ao[3] = cb_hash<CB>(__byte_perm(w3, 0u, 0x4421));  // position 7
+    } else if constexpr (K2 == 8 && BASE == 20 && NW == 2) {
+      // K = 4: with V = w0:w1 (w0 first), state e = (V >> (28 - 4e)) & 0xFFFF. Three funnel copies (V >> 4, 16, 20)
+      // put every state on a byte boundary of one word, so each is cut by one PRMT: 11 ALU ops per 8 states
+      // instead of 13 (shift + mask or funnel + mask for most of them).
+      const uint32_t w0 = w[0], w1 = w[1];
+      const uint32_t f4 = __funnelshift_r(w1, w0, 4);
+      const uint32_t f16 = __funnelshift_r(w1, w0, 16);
+      const uint32_t f20 = __funnelshift_r(w1, w0, 20);
+      ae[0] = cb_hash<CB>(__byte_perm(f20, 0u, 0x4421));  // e=0: V >> 28
+      ao[0] = cb_hash<CB>(__byte_perm(f16, 0u, 0x4421));  // e=1: V >> 24
+      ae[2] = cb_hash<CB>(__byte_perm(f20, 0u, 0x4410));  // e=2: V >> 20
+      ao[2] = cb_hash<CB>(__byte_perm(f16, 0u, 0x4410));  // e=3: V >> 16
+      ae[1] = cb_hash<CB>(__byte_perm(f4, 0u, 0x4421));   // e=4: V >> 12
+      ao[1] = cb_hash<CB>(__byte_perm(w1, 0u, 0x4421));   // e=5: V >> 8
+      ae[3] = cb_hash<CB>(__byte_perm(f4, 0u, 0x4410));   // e=6: V >> 4
+      ao[3] = cb_hash<CB>(__byte_perm(w1, 0u, 0x4410));   // e=7: V
     } else {
       ae[0] = h<0>(w);
       ae[1] = h<4>(w);
@@ -188,6 +253,15 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Integer mma: A = 16x32 unsigned bytes (the mul1 hashes, four bytes per weight), B = 32x8 signed bytes (x' parts,
+// each repeated four times), C = exact int32 sums.
+__device__ __forceinline__ void imma_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
@@ -260,8 +334,174 @@ struct SmemLayout {
   }
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// Shared pieces of both GEMV kernels: the x-side loads, the trellis ring, and the end of a block
+// ---------------------------------------------------------------------------------------------------------------
+
+// Per-row affine applied to the cross-warp sums of a block: z = a[row] * s + b[row] (mul1's k_inv / k_bias, the
+// integer path's scale), kept in static shared memory by each kernel.
+struct RowAffine {
+  float a[kMaxRows];
+  float b[kMaxRows];
+};
+
+// The end of every block, after its warps wrote their partial sums to red[warp][row][kRedStride]: sum the warps,
+// apply the row affine, then either finish the column chunk (ksplit 1) or leave the slice's partial in global
+// memory, and let the last block of the chunk sum every slice in split order (deterministic) and finish it. To
+// finish = 128-point output Hadamard, then * svh, rounded once to fp16.
+__device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, float* zsum, const RowAffine& ra,
+                                             int col_chunk, int split) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int m = p.m;
+  __syncthreads();
+  const int n0 = col_chunk * 128;
+  const int out = p.out_features;
+  for (int idx = tid; idx < m * 128; idx += kThreads) {
+    const int row = idx >> 7, n = idx & 127;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[(w * m + row) * kRedStride + n];
+    s = ra.a[row] * s + ra.b[row];
+    if (p.ksplit == 1) zsum[idx] = s;
+    else p.partials[(static_cast<size_t>(split) * m + row) * out + n0 + n] = s;
+  }
+  if (p.ksplit > 1) {
+    __shared__ int is_last;
+    // One fence, by the thread that signals: the barrier orders every thread's partial stores before it, and the
+    // fence is cumulative, so the counter's increment publishes them all (the usual "last block" pattern).
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence();
+      const int done = atomicAdd(p.counters + col_chunk, 1);
+      __threadfence();
+      is_last = (done == p.ksplit - 1);
+    }
+    __syncthreads();
+    if (!is_last) {
+      EXL3_STAMP(5);
+      EXL3_STAMP(kStampsEnd);
+      return;
+    }
+    for (int idx = tid; idx < m * 128; idx += kThreads) {
+      const int row = idx >> 7, n = idx & 127;
+      float s = 0.0f;
+      for (int sp = 0; sp < p.ksplit; ++sp) s += __ldcg(p.partials + (static_cast<size_t>(sp) * m + row) * out + n0 + n);
+      zsum[idx] = s;
+    }
+    if (tid == 0) p.counters[col_chunk] = 0;  // ready for the next call (and for CUDA graph replays)
+  }
+  __syncthreads();
+  if (warp < m) {
+    const float4 z = *reinterpret_cast<const float4*>(zsum + warp * 128 + lane * 4);
+    float v[4] = {z.x, z.y, z.z, z.w};
+    had128_warp(v, lane);
+    const uint2 sv = *reinterpret_cast<const uint2*>(p.svh + n0 + lane * 4);
+    const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
+    uint2 res;
+    res.x = h2_as_u32(__floats2half2_rn(v[0] * kHadScale * s01.x, v[1] * kHadScale * s01.y));
+    res.y = h2_as_u32(__floats2half2_rn(v[2] * kHadScale * s23.x, v[3] * kHadScale * s23.y));
+    *reinterpret_cast<uint2*>(p.y + static_cast<size_t>(warp) * out + n0 + lane * 4) = res;
+  }
+  EXL3_STAMP(5);
+  EXL3_STAMP(kStampsEnd);
+}
+
+// One warp's stream of trellis slabs through its private cp.async ring: slab i of the warp = k-tile row
+// 8*c0 + warp + 8*i, tiles 8*col_chunk .. +7 (contiguous in the trellis). Rolling pointers rather than indices:
+// recomputing the addresses from i cost ~40 instructions per slab (a 64-bit multiply, a modulo), about a fifth
+// of the integer kernel's main loop.
+template <int K2>
+struct SlabRing {
+  using R = Rate<K2>;
+  unsigned char* begin;  // this warp's ring
+  unsigned char* put;    // stage the next load goes to
+  unsigned char* get;    // stage the main loop reads next
+  const uint8_t* src;    // global address of the next slab to load
+  size_t step;
+  int to_load;           // slabs not yet loaded
+  __device__ __forceinline__ SlabRing(const KernelArgs& p, unsigned char* ring_base, int c0, int nch, int col_chunk,
+                                      int warp)
+      : begin(ring_base + warp * (R::kStages * R::kSlabBytes)), to_load(nch) {
+    const size_t tiles_n = static_cast<size_t>(p.out_features >> 4);
+    src = p.trellis + ((static_cast<size_t>(8 * c0 + warp)) * tiles_n + 8 * col_chunk) * R::kTileBytes;
+    step = 8 * tiles_n * R::kTileBytes;
+    put = get = begin;
+  }
+  // Always commits a group (empty past the end), so the wait counts stay uniform.
+  __device__ __forceinline__ void load(int lane) {
+    if (to_load > 0) {
+#pragma unroll
+      for (int u = lane; u < R::kSlabUnits; u += 32) cp_async16(put + u * 16, src + u * 16);
+    }
+    cp_async_commit();
+    --to_load;
+    src += step;
+    put += R::kSlabBytes;
+    if (put == begin + R::kStages * R::kSlabBytes) put = begin;
+  }
+  __device__ __forceinline__ const unsigned char* next() {
+    const unsigned char* st = get;
+    get += R::kSlabBytes;
+    if (get == begin + R::kStages * R::kSlabBytes) get = begin;
+    return st;
+  }
+};
+
+// cp.async of this block's raw x rows and suh slice (the per-block input transform), as one group.
+__device__ __forceinline__ void load_x_suh(const KernelArgs& p, unsigned char* xraw, unsigned char* suh, int c0,
+                                           int nch) {
+  const int units_per_row = 16 * nch;  // 16-byte units of 128*nch fp16
+  const int units = (p.m + 1) * units_per_row;
+  for (int u = threadIdx.x; u < units; u += kThreads) {
+    const int row = u / units_per_row;
+    const int within = u - row * units_per_row;
+    if (row < p.m) {
+      cp_async16(xraw + row * p.max_chunks * 256 + within * 16,
+                 reinterpret_cast<const uint8_t*>(p.x) + (static_cast<size_t>(row) * p.in_features + c0 * 128) * 2 +
+                     within * 16);
+    } else {
+      cp_async16(suh + within * 16, reinterpret_cast<const uint8_t*>(p.suh) + c0 * 256 + within * 16);
+    }
+  }
+}
+
+// This lane's window in a tile (SPEC 2.2): starts at ring bit 4*K2*lane + end(0) - 16; the byte offsets of the
+// words it spans (they wrap around the tile for lane 0) and the bit offset within the first.
+template <int K2>
+struct LaneWindow {
+  using R = Rate<K2>;
+  uint32_t widx[R::kRawWords];
+  int o;
+  uint32_t one;  // 1, unknown to the compiler (see TileDecoder)
+  __device__ __forceinline__ LaneWindow(int lane, uint32_t one_) : one(one_) {
+    const int win = (4 * K2 * lane + R::end(0) - 16 + R::kRingBits) % R::kRingBits;
+    o = win & 31;
+#pragma unroll
+    for (int j = 0; j < R::kRawWords; ++j) widx[j] = (((win >> 5) + j) % R::kTileWords) * 4;
+  }
+  // Decode this lane's 8 positions of the tile at `tw` into the even/odd A fragments.
+  template <int CB>
+  __device__ __forceinline__ void decode(const unsigned char* tw, uint32_t (&ae)[4], uint32_t (&ao)[4]) const {
+    uint32_t raw[R::kRawWords];
+#pragma unroll
+    for (int j = 0; j < R::kRawWords; ++j) raw[j] = *reinterpret_cast<const uint32_t*>(tw + widx[j]);
+    if constexpr (R::kFixed) {
+      TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, ae, ao, one);
+    } else {
+      uint32_t nw[R::kNormWords];
+#pragma unroll
+      for (int j = 0; j < R::kNormWords; ++j) nw[j] = __funnelshift_l(raw[j + 1], raw[j], o);
+      TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, ae, ao, one);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// fp16 kernel: 3INST and MCG (and mul1 when SPARKCTL_EXL3_MUL1_PATH=fp16)
+// ---------------------------------------------------------------------------------------------------------------
+
 template <int K2, int CB>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const KernelArgs p) {
   using R = Rate<K2>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
@@ -276,54 +516,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   const int nch = c1 - c0;  // 128-row chunks of this block; each warp handles exactly nch slabs
   const SmemLayout L(m, p.max_chunks, R::kStages * R::kSlabBytes, p.xprep != nullptr);
 
-  // --- issue the loads: the first trellis slabs, then raw x and suh of this slice --------------------------------
   // Programmatic dependent launch: wait for the previous kernel before touching ANY global memory, the trellis
-  // included. Prefetching the trellis before the wait measured 0.2-1 us faster, but it would read stale weights
-  // whenever the kernel just before this one writes them (a weight copy or repack on the same stream), and only
-  // the wait makes the previous kernel's writes visible. What PDL still buys: this grid's blocks are launched and
-  // resident while the previous grid drains.
+  // included (only the wait makes the previous kernel's writes visible, and weights may have just been written).
   grid_dependency_wait();
-  unsigned char* ring = smem + L.stage + warp * (R::kStages * R::kSlabBytes);
-  const size_t tiles_n = static_cast<size_t>(p.out_features >> 4);
-  // Slab i of this warp = k-tile row 8*c0 + warp + 8*i, tiles 8*col_chunk .. +7 (contiguous in the trellis).
-  const uint8_t* slab0 = p.trellis + ((static_cast<size_t>(8 * c0 + warp)) * tiles_n + 8 * col_chunk) * R::kTileBytes;
-  const size_t slab_step = 8 * tiles_n * R::kTileBytes;
-  auto load_slab = [&](int i) {
-    if (i < nch) {
-      const uint8_t* src = slab0 + static_cast<size_t>(i) * slab_step;
-      unsigned char* dst = ring + (i % R::kStages) * R::kSlabBytes;
-#pragma unroll
-      for (int u = lane; u < R::kSlabUnits; u += 32) cp_async16(dst + u * 16, src + u * 16);
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < R::kStages - 1; ++i) load_slab(i);
+  // The x side first, as its own (oldest) cp.async group: the prologue waits for it alone, while the trellis
+  // slabs are still on their way (waiting for everything measured 23% of the warps' time, kernels/PERF.md run 19).
   if (p.xprep != nullptr) {
     // this block's slabs 8*c0 .. 8*c1 of the prepared fragments: contiguous, 16*m units of 16 bytes per chunk
     const int units = 16 * m * nch;
     const uint8_t* src = p.xprep + static_cast<size_t>(c0) * 8 * m * 32;
     for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xfrag + u * 16, src + u * 16);
-    cp_async_commit();
   } else {
-    const int units_per_row = 16 * nch;  // 16-byte units of 128*nch fp16
-    const int units = (m + 1) * units_per_row;
-    for (int u = tid; u < units; u += kThreads) {
-      const int row = u / units_per_row;
-      const int within = u - row * units_per_row;
-      if (row < m) {
-        cp_async16(smem + L.xraw + row * p.max_chunks * 256 + within * 16,
-                   reinterpret_cast<const uint8_t*>(p.x) + (static_cast<size_t>(row) * p.in_features + c0 * 128) * 2 + within * 16);
-      } else {
-        cp_async16(smem + L.suh + within * 16, reinterpret_cast<const uint8_t*>(p.suh) + c0 * 256 + within * 16);
-      }
-    }
-    cp_async_commit();
+    load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
   }
+  cp_async_commit();
+  SlabRing<K2> ring(p, smem + L.stage, c0, nch, col_chunk, warp);
+#pragma unroll
+  for (int i = 0; i < R::kStages - 1; ++i) ring.load(lane);
+  cp_async_wait<R::kStages - 1>();  // the x group has landed for this thread
+  __syncthreads();                  // ... and for every thread
 
   // --- input side: x' = had128(x * suh) / sqrt(128), stored as mma B fragments ---------------------------------
-  cp_async_wait<0>();  // x and suh (and the first slabs) have landed for this thread
-  __syncthreads();     // ... and for every thread
   if (p.xprep == nullptr) {
     uint32_t* xfrag32 = reinterpret_cast<uint32_t*>(smem + L.xfrag);
     for (int it = warp; it < m * nch; it += kWarps) {
@@ -337,11 +550,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   __syncthreads();
 
   // mul1: the sum of this slice's x' per row, for the k_bias term (see TileDecoder)
-  __shared__ float xsum[kMaxRows];
-  if constexpr (CB == 2) {
-    if (warp < m) {
+  __shared__ RowAffine ra;
+  if (warp < m) {
+    float s = 0.0f;
+    if constexpr (CB == 2) {
       const uint2* xf = reinterpret_cast<const uint2*>(smem + L.xfrag);
-      float s = 0.0f;
       for (int idx = lane; idx < 8 * nch * 4; idx += 32) {
         const uint2 v = xf[((idx >> 2) * m + warp) * 4 + (idx & 3)];
         const float2 a = __half22float2(u32_as_h2(v.x)), c = __half22float2(u32_as_h2(v.y));
@@ -349,18 +562,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
       }
 #pragma unroll
       for (int mask = 16; mask > 0; mask >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, mask);
-      if (lane == 0) xsum[warp] = s;
+    }
+    if (lane == 0) {
+      ra.a[warp] = CB == 2 ? kMul1Inv : 1.0f;
+      ra.b[warp] = CB == 2 ? kMul1Bias * s : 0.0f;
     }
   }
 
   // --- main loop: decode 8 tiles per slab into A fragments, two mmas each ---------------------------------------
-  // This lane's window (SPEC 2.2): starts at ring bit 4*K2*lane + end(0) - 16, i.e. word a, bit o.
-  const int win = (4 * K2 * lane + Rate<K2>::end(0) - 16 + R::kRingBits) % R::kRingBits;
-  const int o = win & 31;
-  uint32_t widx[R::kRawWords];
-#pragma unroll
-  for (int j = 0; j < R::kRawWords; ++j) widx[j] = (((win >> 5) + j) % R::kTileWords) * 4;
-
+  const LaneWindow<K2> lw(lane, 1u << (p.m >> 4));  // m <= 8
   const int g = lane >> 2;
   const bool has_row = g < m;
   const uint2* xfrag = reinterpret_cast<const uint2*>(smem + L.xfrag);
@@ -371,7 +581,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   for (int i = 0; i < nch; ++i) {
     cp_async_wait<R::kStages - 2>();
     __syncwarp();
-    load_slab(i + R::kStages - 1);
+    ring.load(lane);
     const int sl = warp + 8 * i;
     uint2 b = make_uint2(0u, 0u);
     if (has_row) b = xfrag[(sl * m + g) * 4 + (lane & 3)];
@@ -388,22 +598,11 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
       bo0 = __byte_perm(b.x, 0u, 0x3232);  // (x'[2c+1], x'[2c+1])
       bo1 = __byte_perm(b.y, 0u, 0x3232);
     }
-    const unsigned char* st = ring + (i % R::kStages) * R::kSlabBytes;
+    const unsigned char* st = ring.next();
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      const unsigned char* tw = st + t * R::kTileBytes;
-      uint32_t raw[R::kRawWords];
-#pragma unroll
-      for (int j = 0; j < R::kRawWords; ++j) raw[j] = *reinterpret_cast<const uint32_t*>(tw + widx[j]);
       uint32_t ae[4], ao[4];
-      if constexpr (R::kFixed) {
-        TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, ae, ao);
-      } else {
-        uint32_t nw[R::kNormWords];
-#pragma unroll
-        for (int j = 0; j < R::kNormWords; ++j) nw[j] = __funnelshift_l(raw[j + 1], raw[j], o);
-        TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, ae, ao);
-      }
+      lw.template decode<CB>(st + t * R::kTileBytes, ae, ao);
       mma_16816(acc[t], ae, be0, be1);
       mma_16816(acc[t], ao, bo0, bo1);
     }
@@ -411,7 +610,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with x' and its ring: the reduction buffer reuses them
 
-  // --- reduce the 8 warps: C fragment c0,c1 = (n = g, rows 2c, 2c+1), c2,c3 = (n = g + 8, same rows) -----------
+  // --- C fragment c0,c1 = (n = g, rows 2c, 2c+1), c2,c3 = (n = g + 8, same rows) -> red[warp][row][n] ---------
   float* red = reinterpret_cast<float*>(smem + L.red);
   {
     const int c = lane & 3;
@@ -429,58 +628,237 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const KernelArgs p) {
       }
     }
   }
-  __syncthreads();
-  float* zsum = reinterpret_cast<float*>(smem + L.zsum);
-  const int n0 = col_chunk * 128;
-  const int out = p.out_features;
-  for (int idx = tid; idx < m * 128; idx += kThreads) {
-    const int row = idx >> 7, n = idx & 127;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[(w * m + row) * kRedStride + n];
-    if constexpr (CB == 2) s = kMul1Inv * s + kMul1Bias * xsum[row];
-    if (p.ksplit == 1) zsum[idx] = s;
-    else p.partials[(static_cast<size_t>(split) * m + row) * out + n0 + n] = s;
-  }
-
-  if (p.ksplit > 1) {
-    // Last block of this column chunk sums every slice in split order (deterministic) and finishes the chunk.
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      const int done = atomicAdd(p.counters + col_chunk, 1);
-      is_last = (done == p.ksplit - 1);
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    for (int idx = tid; idx < m * 128; idx += kThreads) {
-      const int row = idx >> 7, n = idx & 127;
-      float s = 0.0f;
-      for (int sp = 0; sp < p.ksplit; ++sp) s += __ldcg(p.partials + (static_cast<size_t>(sp) * m + row) * out + n0 + n);
-      zsum[idx] = s;
-    }
-    if (tid == 0) p.counters[col_chunk] = 0;  // ready for the next call (and for CUDA graph replays)
-  }
-  __syncthreads();
-
-  // --- output side: y = had128(z) / sqrt(128) * svh, rounded once to fp16 ----------------------------------------
-  if (warp < m) {
-    const float4 z = *reinterpret_cast<const float4*>(zsum + warp * 128 + lane * 4);
-    float v[4] = {z.x, z.y, z.z, z.w};
-    had128_warp(v, lane);
-    const uint2 sv = *reinterpret_cast<const uint2*>(p.svh + n0 + lane * 4);
-    const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
-    uint2 res;
-    res.x = h2_as_u32(__floats2half2_rn(v[0] * kHadScale * s01.x, v[1] * kHadScale * s01.y));
-    res.y = h2_as_u32(__floats2half2_rn(v[2] * kHadScale * s23.x, v[3] * kHadScale * s23.y));
-    *reinterpret_cast<uint2*>(p.y + static_cast<size_t>(warp) * out + n0 + lane * 4) = res;
-  }
+  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split);
 }
 
-// x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the GEMV reads: done once per call
-// instead of once per block when several rows make the per-block transform expensive.
+// ---------------------------------------------------------------------------------------------------------------
+// Integer kernel: mul1 through the int8 tensor cores
+// ---------------------------------------------------------------------------------------------------------------
+//
+// A mul1 weight is k_inv * (1024 + s) + k_bias with s the sum of the four bytes of the hash h = state * 0x83DCD12D
+// (SPEC 2.3), so z[n] = sum_k w[k,n] x'[k] = k_inv * sum_k s[k,n] x'[k] + c0 * sum_k x'[k], c0 = 1024 k_inv + k_bias.
+// The byte sums need no instruction at all: the mma m16n8k32 u8 x s8 multiplies each of the hash's four bytes by
+// x'[k] repeated four times. x' is carried as 16-bit integers q = round(x' / d) (d = the block slice's absolute
+// maximum per row / 32639), split into two signed bytes q = 256 hi + lo; hi and lo are two COLUMNS of the same
+// B operand (column 2r = hi of row r, 2r + 1 = lo), so a lane's C fragment holds both halves of one row and one
+// tile costs two mmas for up to 4 rows, as the fp16 path does, while the per-weight work drops from IMAD + DP4A
+// to IMAD alone. Sums are exact int32 (at most 2048 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
+// rounding is x' to 16 bits (about 1e-5 relative), far below the fp16 rounding of the other path's x'.
+// Rows 5..8 take a second column group (G = 2): two more mmas per tile, no more decode.
+constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
+constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
+
+// x' = had128(x * suh) / sqrt(128) of one (row, 128-chunk) in fp32, lane l holding elements 4l..4l+3 (xv, sv: this
+// lane's 4 values of x and suh); returns max |x'| over the chunk (every lane gets it).
+__device__ __forceinline__ float xprime_f32(uint2 xv, uint2 sv, float (&v)[4], int lane) {
+  const float2 x01 = __half22float2(u32_as_h2(xv.x)), x23 = __half22float2(u32_as_h2(xv.y));
+  const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
+  v[0] = x01.x * s01.x;
+  v[1] = x01.y * s01.y;
+  v[2] = x23.x * s23.x;
+  v[3] = x23.y * s23.y;
+  had128_warp(v, lane);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] *= kHadScale;
+  float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, mask));
+  return mx;
+}
+
+// Quantize one 128-chunk of x' (fp32, natural order, at xc) to q = round(x' * inv) and write its 8 slabs of packed B
+// bytes: lane (s, c) = (lane / 4, lane % 4) makes the words of slab `slab0 + s` for k = 2c, 2c+1, 2c+8, 2c+9, hi
+// part at lane slot 8*(row%4) + c of the row's column group, lo part 4 slots on. Returns the warp's sum of q.
+__device__ __forceinline__ int pack_chunk(const float* xc, float inv, uint32_t* xq, int slab0, int groups, int row,
+                                          int lane) {
+  const int sl = lane >> 2, c = lane & 3;
+  const float2 a = *reinterpret_cast<const float2*>(xc + 16 * sl + 2 * c);
+  const float2 b = *reinterpret_cast<const float2*>(xc + 16 * sl + 2 * c + 8);
+  const int q[4] = {__float2int_rn(a.x * inv), __float2int_rn(a.y * inv), __float2int_rn(b.x * inv),
+                    __float2int_rn(b.y * inv)};
+  uint32_t hw = 0, lw = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int hi = (q[j] + 128) >> 8;  // |q| <= 32639 keeps hi in [-127, 127] and lo = q - 256 hi in [-128, 127]
+    const int lo = q[j] - (hi << 8);
+    hw |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
+    lw |= static_cast<uint32_t>(lo & 0xFF) << (8 * j);
+  }
+  uint32_t* dst = xq + ((slab0 + sl) * groups + (row >> 2)) * 32 + 8 * (row & 3) + c;
+  dst[0] = hw;
+  dst[4] = lw;
+  int qs = (q[0] + q[1]) + (q[2] + q[3]);
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
+  return qs;
+}
+
+struct SmemI8 {
+  int xq, xs, xraw, suh, stage, red, zsum, total;
+  // xq: [slab][group][lane] packed x' bytes; xs: [row][chunks*128] fp32 x' (fused); xraw/suh: raw x and suh (fused)
+  // xq is written only after the transform has consumed raw x and suh, so it shares their bytes.
+  __host__ __device__ SmemI8(int m, int groups, int max_chunks, int stage_bytes_per_warp, bool prepped) {
+    xq = 0;
+    xraw = 0;
+    suh = xraw + (prepped ? 0 : m * max_chunks * 256);
+    const int raw_end = suh + (prepped ? 0 : max_chunks * 256);
+    const int xq_end = xq + max_chunks * 8 * groups * 128;
+    xs = raw_end > xq_end ? raw_end : xq_end;
+    stage = xs + (prepped ? 0 : m * max_chunks * 512);
+    const int main_end = stage + kWarps * stage_bytes_per_warp;
+    red = 0;
+    zsum = red + kWarps * m * kRedStride * 4;
+    const int red_end = zsum + m * 128 * 4;
+    total = main_end > red_end ? main_end : red_end;
+  }
+};
+
+template <int K2, int G>
+__global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
+  using R = Rate<K2>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int m = p.m;
+  const int col_chunk = blockIdx.x;
+  const int split = blockIdx.y;
+  const int n_chunks_k = p.in_features >> 7;
+  const int c0 = static_cast<int>(static_cast<long long>(split) * n_chunks_k / p.ksplit);
+  const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_chunks_k / p.ksplit);
+  const int nch = c1 - c0;
+  const bool prepped = p.xprep != nullptr;
+  const SmemI8 L(m, G, p.max_chunks, R::kStages * R::kSlabBytes, prepped);
+
+  __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this slice, as float bits (>= 0)
+  __shared__ float row_d[kMaxRows];           // x' = d * q for this slice's rows
+  __shared__ int qsum[kMaxRows];              // sum of q per row over this slice (the c0 term)
+  __shared__ RowAffine ra;
+  if (tid < kMaxRows) {
+    rowmax_bits[tid] = 0u;
+    qsum[tid] = 0;
+  }
+
+  grid_dependency_wait();
+  EXL3_STAMP(0);
+  EXL3_STAMP(1);
+  if (!prepped) {
+    load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
+  } else {
+    // this block's slice of the packed x' (xprep_i8_kernel): contiguous, in the layout the main loop reads
+    const int units = nch * 64 * G;
+    const uint8_t* src = p.xprep + static_cast<size_t>(split) * p.max_chunks * 1024 * G;
+    for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xq + u * 16, src + u * 16);
+  }
+  cp_async_commit();
+  SlabRing<K2> ring(p, smem + L.stage, c0, nch, col_chunk, warp);
+#pragma unroll
+  for (int i = 0; i < R::kStages - 1; ++i) ring.load(lane);
+  if (prepped && tid < m) {
+    const float2 dq = reinterpret_cast<const float2*>(p.xprep + static_cast<size_t>(p.ksplit) * p.max_chunks * 1024 * G)
+        [split * m + tid];
+    row_d[tid] = dq.x;
+    qsum[tid] = __float_as_int(dq.y);
+  }
+  cp_async_wait<R::kStages - 1>();
+  __syncthreads();
+  EXL3_STAMP(2);
+
+  if (!prepped) {
+    // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
+    float* xs = reinterpret_cast<float*>(smem + L.xs);
+    for (int it = warp; it < m * nch; it += kWarps) {
+      const int row = it % m, ch = it / m;
+      float v[4];
+      const float mx = xprime_f32(*reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8),
+                                  *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8), v, lane);
+      *reinterpret_cast<float4*>(xs + row * p.max_chunks * 128 + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+      if (lane == 0) atomicMax(&rowmax_bits[row], __float_as_uint(mx));
+    }
+    __syncthreads();
+    uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
+    for (int it = warp; it < m * nch; it += kWarps) {
+      const int row = it % m, ch = it / m;
+      const float amax = __uint_as_float(rowmax_bits[row]);
+      const int qs = pack_chunk(xs + row * p.max_chunks * 128 + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch,
+                                G, row, lane);
+      if (lane == 0) atomicAdd(&qsum[row], qs);
+    }
+    if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
+  }
+  __syncthreads();
+
+  // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
+  EXL3_STAMP(3);
+  const LaneWindow<K2> lw(lane, 1u << (p.m >> 4));  // m <= 8
+  const int g = lane >> 2;
+  const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + warp * G * 32 + lane;
+  bool has[G];
+#pragma unroll
+  for (int cg = 0; cg < G; ++cg) has[cg] = 4 * cg + (g >> 1) < m;
+  int acc[G][8][4];
+#pragma unroll
+  for (int cg = 0; cg < G; ++cg)
+#pragma unroll
+    for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
+
+  for (int i = 0; i < nch; ++i) {
+    cp_async_wait<R::kStages - 2>();
+    __syncwarp();
+    ring.load(lane);
+    uint32_t be0[G], be1[G], bo0[G], bo1[G];
+#pragma unroll
+    for (int cg = 0; cg < G; ++cg) {
+      const uint32_t w = has[cg] ? xqp[cg * 32] : 0u;
+      be0[cg] = __byte_perm(w, 0u, 0x0000);  // x'[2c] in all four bytes
+      bo0[cg] = __byte_perm(w, 0u, 0x1111);  // x'[2c+1]
+      be1[cg] = __byte_perm(w, 0u, 0x2222);  // x'[2c+8]
+      bo1[cg] = __byte_perm(w, 0u, 0x3333);  // x'[2c+9]
+    }
+    xqp += 8 * G * 32;  // this warp's next slab is 8 slabs on
+    const unsigned char* st = ring.next();
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      uint32_t ae[4], ao[4];
+      lw.template decode<kMul1Int>(st + t * R::kTileBytes, ae, ao);
+#pragma unroll
+      for (int cg = 0; cg < G; ++cg) {
+        imma_16832(acc[cg][t], ae, be0[cg], be1[cg]);
+        imma_16832(acc[cg][t], ao, bo0[cg], bo1[cg]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  EXL3_STAMP(4);
+
+  // --- C fragment of group cg: c0,c1 = (n = g; hi, lo of row 4cg + c), c2,c3 = (n = g + 8) -> red[warp][row][n] --
+  float* red = reinterpret_cast<float*>(smem + L.red);
+  {
+    const int c = lane & 3;
+#pragma unroll
+    for (int cg = 0; cg < G; ++cg) {
+      const int row = 4 * cg + c;
+      if (row < m) {
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          const int n = 16 * t + g;
+          red[(warp * m + row) * kRedStride + n] = fmaf(256.0f, static_cast<float>(acc[cg][t][0]), static_cast<float>(acc[cg][t][1]));
+          red[(warp * m + row) * kRedStride + n + 8] = fmaf(256.0f, static_cast<float>(acc[cg][t][2]), static_cast<float>(acc[cg][t][3]));
+        }
+      }
+    }
+  }
+  if (tid < m) {
+    const float d = row_d[tid];
+    ra.a[tid] = d * kMul1Inv;
+    ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
+  }
+  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split);
+}
+
+// x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the fp16 GEMV reads: done once
+// per call instead of once per block when several rows make the per-block transform expensive.
 __global__ void __launch_bounds__(kThreads) xprep_kernel(const __half* x, const __half* suh, uint32_t* frag32, int m,
                                                          int in_features) {
   // No early griddepcontrol.launch_dependents: GEMV blocks launched early sit on the SMs waiting for this grid and
@@ -496,6 +874,49 @@ __global__ void __launch_bounds__(kThreads) xprep_kernel(const __half* x, const 
   xprime_chunk(xv, sv, frag32, 8 * ch, row, m, lane);
 }
 
+// The integer kernel's x' for 2+ rows, done once per call instead of once per GEMV block: block (split, row)
+// transforms that row's slice of input chunks, finds its maximum and writes the packed 16-bit x' in exactly the
+// layout the GEMV block of that split copies into shared memory ([split][slab][group][32] words), plus
+// (d, sum of q) per (split, row) after all splits' words.
+__global__ void __launch_bounds__(kThreads) xprep_i8_kernel(const __half* x, const __half* suh, uint32_t* xq_out,
+                                                            int m, int in_features, int ksplit, int groups,
+                                                            int max_chunks) {
+  __shared__ float xs[kMaxChunksPerBlock * 128];
+  __shared__ unsigned mx_bits;
+  __shared__ int qsum;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int split = blockIdx.x, row = blockIdx.y;
+  const int n_chunks_k = in_features >> 7;
+  const int c0 = static_cast<int>(static_cast<long long>(split) * n_chunks_k / ksplit);
+  const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_chunks_k / ksplit);
+  if (threadIdx.x == 0) {
+    mx_bits = 0u;
+    qsum = 0;
+  }
+  grid_dependency_wait();
+  __syncthreads();
+  for (int ch = warp; ch < c1 - c0; ch += kWarps) {
+    const size_t off = static_cast<size_t>(c0 + ch) * 128 + lane * 4;
+    float v[4];
+    const float mx = xprime_f32(*reinterpret_cast<const uint2*>(x + static_cast<size_t>(row) * in_features + off),
+                                *reinterpret_cast<const uint2*>(suh + off), v, lane);
+    *reinterpret_cast<float4*>(xs + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+    if (lane == 0) atomicMax(&mx_bits, __float_as_uint(mx));
+  }
+  __syncthreads();
+  const float amax = __uint_as_float(mx_bits);
+  uint32_t* xq = xq_out + static_cast<size_t>(split) * max_chunks * 256 * groups;
+  for (int ch = warp; ch < c1 - c0; ch += kWarps) {
+    const int qs = pack_chunk(xs + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch, groups, row, lane);
+    if (lane == 0) atomicAdd(&qsum, qs);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float2* dq = reinterpret_cast<float2*>(xq_out + static_cast<size_t>(ksplit) * max_chunks * 256 * groups);
+    dq[split * m + row] = make_float2(amax / kQMax, __int_as_float(qsum));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Host side: the list of compiled (rate, codebook) pairs, the split-K choice and the launch
 // ---------------------------------------------------------------------------------------------------------------
@@ -505,15 +926,40 @@ typedef void (*KernelFn)(const KernelArgs);
 struct KernelInfo {
   KernelFn fn;
   int stage_bytes_per_warp;
+  int groups;  // 0 = the fp16 kernel; 1 or 2 = the integer kernel's column groups (4 rows each)
 };
 
 template <int K2, int CB>
 KernelInfo info_of() {
-  return KernelInfo{gemv_kernel<K2, CB>, Rate<K2>::kStages * Rate<K2>::kSlabBytes};
+  return KernelInfo{gemv_kernel<K2, CB>, Rate<K2>::kStages * Rate<K2>::kSlabBytes, 0};
 }
 
-// The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only.
-bool find_kernel(int k2, int cb, KernelInfo* out) {
+template <int K2, int G>
+KernelInfo info_i8() {
+  return KernelInfo{gemv_i8_kernel<K2, G>, Rate<K2>::kStages * Rate<K2>::kSlabBytes, G};
+}
+
+// mul1 goes through the integer kernel unless SPARKCTL_EXL3_MUL1_PATH=fp16 (kept for A/B timing and checks).
+bool mul1_int_path() {
+  const char* v = getenv("SPARKCTL_EXL3_MUL1_PATH");
+  return !(v && strcmp(v, "fp16") == 0);
+}
+
+// The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
+// in both the fp16 and the integer kernel (one or two column groups).
+bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
+  if (cb == 2 && mul1_int_path()) {
+    const bool two = m > 4;
+#define EXL3_I8(K2_)                                          \
+  if (k2 == K2_) {                                            \
+    *out = two ? info_i8<K2_, 2>() : info_i8<K2_, 1>();       \
+    return true;                                              \
+  }
+    EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
+    EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)
+#undef EXL3_I8
+    return false;
+  }
 #define EXL3_CASE(K2_, CB_)                \
   if (k2 == K2_ && cb == CB_) {            \
     *out = info_of<K2_, CB_>();            \
@@ -566,13 +1012,14 @@ int validate(const Exl3GemvParams* p, KernelInfo* k) {
   if (p->codebook < 0 || p->codebook > 2) return EXL3_ERR_CODEBOOK;
   if (p->k2 < 2 || p->k2 > 16) return EXL3_ERR_BITS;
   if ((p->k2 & 1) && p->codebook != 2) return EXL3_ERR_CODEBOOK;
-  if (!find_kernel(p->k2, p->codebook, k)) return EXL3_ERR_BITS;
+  if (!find_kernel(p->k2, p->codebook, p->m, k)) return EXL3_ERR_BITS;
   return EXL3_OK;
 }
 
 int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool prepped) {
   const int n_chunks_k = p->in_features / 128;
   const int max_chunks = (n_chunks_k + ksplit - 1) / ksplit;
+  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped).total;
   return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp, prepped).total;
 }
 
@@ -646,7 +1093,11 @@ extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* part
   if (ks < lo || ks > p->in_features / 128) return EXL3_ERR_KSPLIT;
   *ksplit = ks;
   *partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
-  *xprep_halfs = uses_xprep(p) ? static_cast<size_t>(p->m) * p->in_features : 0;
+  // x' scratch: fp16 fragments for the fp16 kernel; fp32 x' plus one fp32 maximum per 128-chunk for the integer one
+  const size_t mi = static_cast<size_t>(p->m) * p->in_features;
+  const int max_chunks = (p->in_features / 128 + ks - 1) / ks;
+  const size_t i8_bytes = static_cast<size_t>(ks) * max_chunks * 1024 * k.groups + static_cast<size_t>(ks) * p->m * 8;
+  *xprep_halfs = !uses_xprep(p) ? 0 : (k.groups > 0 ? (i8_bytes + 15) / 16 * 8 : mi);
   return EXL3_OK;
 }
 
@@ -706,11 +1157,16 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   if (a.xprep != nullptr) {
     const __half* xp = a.x;
     const __half* sp = a.suh;
-    uint32_t* fp = static_cast<uint32_t*>(p->xprep);
-    int m = p->m, in_f = p->in_features;
-    void* args[] = {&xp, &sp, &fp, &m, &in_f};
-    const int items = p->m * n_chunks_k;
-    e = launch(reinterpret_cast<const void*>(xprep_kernel), dim3((items + kWarps - 1) / kWarps), 0, stream, args);
+    void* fp = p->xprep;
+    int m = p->m, in_f = p->in_features, groups = k.groups, max_chunks = a.max_chunks;
+    if (k.groups > 0) {
+      void* args[] = {&xp, &sp, &fp, &m, &in_f, &ks, &groups, &max_chunks};
+      e = launch(reinterpret_cast<const void*>(xprep_i8_kernel), dim3(ks, p->m), 0, stream, args);
+    } else {
+      void* args[] = {&xp, &sp, &fp, &m, &in_f};
+      const int items = p->m * n_chunks_k;
+      e = launch(reinterpret_cast<const void*>(xprep_kernel), dim3((items + kWarps - 1) / kWarps), 0, stream, args);
+    }
     if (e != cudaSuccess) return fail_cuda(e, "input-transform kernel launch");
   }
   const int smem = smem_bytes(p, k, ks, a.xprep != nullptr);

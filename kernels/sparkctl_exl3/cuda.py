@@ -12,6 +12,7 @@ says why not (no GPU, no nvcc, a compile error), so the torch ops can fall back 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -89,7 +90,13 @@ def build(verbose: bool = False) -> ModuleType:
         sources=[str(p) for p in sources()],
         extra_include_paths=[str(_CSRC)],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", "-std=c++17", "-lineinfo"],
+        # SPARKCTL_EXL3_NVCC_FLAGS: extra nvcc flags for timing experiments (with a build dir of their own)
+        extra_cuda_cflags=[
+            "-O3",
+            "-std=c++17",
+            "-lineinfo",
+            *shlex.split(os.environ.get("SPARKCTL_EXL3_NVCC_FLAGS", "")),
+        ],
         build_directory=str(out),
         verbose=verbose,
     )

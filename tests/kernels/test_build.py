@@ -36,6 +36,12 @@ NVCC = build_kernels.find_nvcc()
 EXPECTED_GEMV = {f"gemv K={k} {cb}" for k in range(1, 9) for cb in ("3inst", "mcg", "mul1")} | {
     f"gemv K={k} mul1" for k in ("1.5", "2.5", "3.5")
 }
+# mul1 also runs through the integer-tensor-core kernel, for up to 4 and up to 8 rows
+EXPECTED_GEMV_I8 = {
+    f"gemv-i8 K={k} rows<={r}"
+    for k in ("1", "1.5", "2", "2.5", "3", "3.5", "4", "5", "6", "7", "8")
+    for r in (4, 8)
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +68,8 @@ def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str)
     rows = [line.split() for line in stdout.splitlines() if line.startswith(arch)]
     labels = {" ".join(r[1:4]) for r in rows if r[1] == "gemv"}
     assert labels == EXPECTED_GEMV
+    labels_i8 = {" ".join(r[1:4]) for r in rows if r[1] == "gemv-i8"}
+    assert labels_i8 == EXPECTED_GEMV_I8
     for r in rows:
         assert r[-3] == "0/0", f"{arch} {' '.join(r)}: register spills"
         assert 0 < int(r[-4]) <= 255, f"{arch} {' '.join(r)}: register count"
