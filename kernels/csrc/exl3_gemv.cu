@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+
 namespace exl3 {
 
 // Blocks per SM the GEMV kernels are compiled for (register budget 65536 / (256 * this)). With no minimum, ptxas
@@ -349,8 +350,11 @@ struct RowAffine {
 // apply the row affine, then either finish the column chunk (ksplit 1) or leave the slice's partial in global
 // memory, and let the last block of the chunk sum every slice in split order (deterministic) and finish it. To
 // finish = 128-point output Hadamard, then * svh, rounded once to fp16.
+// `part` points at this column chunk's partial sums: slot s, row r, column n at part[s * slot_stride + r * row_stride
+// + n]; `slot` is this block's, `contributors` the number of blocks adding to the chunk.
 __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, float* zsum, const RowAffine& ra,
-                                             int col_chunk, int split) {
+                                             int col_chunk, int slot, int contributors, float* part,
+                                             size_t slot_stride, size_t row_stride) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int m = p.m;
   __syncthreads();
@@ -362,10 +366,10 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += red[(w * m + row) * kRedStride + n];
     s = ra.a[row] * s + ra.b[row];
-    if (p.ksplit == 1) zsum[idx] = s;
-    else p.partials[(static_cast<size_t>(split) * m + row) * out + n0 + n] = s;
+    if (contributors == 1) zsum[idx] = s;
+    else part[slot * slot_stride + row * row_stride + n] = s;
   }
-  if (p.ksplit > 1) {
+  if (contributors > 1) {
     __shared__ int is_last;
     // One fence, by the thread that signals: the barrier orders every thread's partial stores before it, and the
     // fence is cumulative, so the counter's increment publishes them all (the usual "last block" pattern).
@@ -374,7 +378,7 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
       __threadfence();
       const int done = atomicAdd(p.counters + col_chunk, 1);
       __threadfence();
-      is_last = (done == p.ksplit - 1);
+      is_last = (done == contributors - 1);
     }
     __syncthreads();
     if (!is_last) {
@@ -385,7 +389,7 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
     for (int idx = tid; idx < m * 128; idx += kThreads) {
       const int row = idx >> 7, n = idx & 127;
       float s = 0.0f;
-      for (int sp = 0; sp < p.ksplit; ++sp) s += __ldcg(p.partials + (static_cast<size_t>(sp) * m + row) * out + n0 + n);
+      for (int sp = 0; sp < contributors; ++sp) s += __ldcg(part + sp * slot_stride + row * row_stride + n);
       zsum[idx] = s;
     }
     if (tid == 0) p.counters[col_chunk] = 0;  // ready for the next call (and for CUDA graph replays)
@@ -628,7 +632,8 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
       }
     }
   }
-  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split);
+  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, p.partials + col_chunk * 128,
+               static_cast<size_t>(m) * p.out_features, p.out_features);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -644,7 +649,8 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // tile costs two mmas for up to 4 rows, as the fp16 path does, while the per-weight work drops from IMAD + DP4A
 // to IMAD alone. Sums are exact int32 (at most 2048 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
 // rounding is x' to 16 bits (about 1e-5 relative), far below the fp16 rounding of the other path's x'.
-// Rows 5..8 take a second column group (G = 2): two more mmas per tile, no more decode.
+// Up to 4 rows (8 columns: hi and lo of each) fit one group; the layout takes G groups of 4 rows, but only G = 1 is
+// built: rows 5..8 run faster on the fp16 kernel (see find_kernel).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 
@@ -713,58 +719,121 @@ struct SmemI8 {
   }
 };
 
+// Packed-x' scratch of the integer kernel for 2+ rows (xprep_i8_kernel): per split, the B words of its input chunks
+// in the layout a block copies ([slab][group][32]); then (d, sum of q) per (split, row).
+struct XprepI8 {
+  size_t split_bytes, dq_off, bytes;
+  __host__ __device__ XprepI8(int m, int ksplit, int max_chunks, int groups) {
+    split_bytes = static_cast<size_t>(max_chunks) * 1024 * groups;
+    dq_off = split_bytes * ksplit;
+    bytes = dq_off + static_cast<size_t>(ksplit) * m * 8;
+  }
+};
+
+// One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
+// that chunk.
 template <int K2, int G>
-__global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
+__device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* smem, int col_chunk, int c0, int nch,
+                                           int slot, int contributors) {
   using R = Rate<K2>;
-  extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int m = p.m;
-  const int col_chunk = blockIdx.x;
-  const int split = blockIdx.y;
-  const int n_chunks_k = p.in_features >> 7;
-  const int c0 = static_cast<int>(static_cast<long long>(split) * n_chunks_k / p.ksplit);
-  const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_chunks_k / p.ksplit);
-  const int nch = c1 - c0;
   const bool prepped = p.xprep != nullptr;
   const SmemI8 L(m, G, p.max_chunks, R::kStages * R::kSlabBytes, prepped);
+  SlabRing<K2> ring(p, smem + L.stage, c0, nch, col_chunk, warp);
 
-  __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this slice, as float bits (>= 0)
-  __shared__ float row_d[kMaxRows];           // x' = d * q for this slice's rows
-  __shared__ int qsum[kMaxRows];              // sum of q per row over this slice (the c0 term)
+  __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this segment, as float bits (>= 0)
+  __shared__ float row_d[kMaxRows];           // x' = d * q for this segment's rows
+  __shared__ int qsum[kMaxRows];              // sum of q per row over this segment (the c0 term)
   __shared__ RowAffine ra;
   if (tid < kMaxRows) {
     rowmax_bits[tid] = 0u;
     qsum[tid] = 0;
   }
-
-  grid_dependency_wait();
-  EXL3_STAMP(0);
   EXL3_STAMP(1);
+  // The x side first, then only the first trellis slab: with the whole grid's rings filling at once, x queued
+  // behind ~6 MB of trellis reads (x-side wait 1.5-1.9 us, kernels/PERF.md run 22). The rest of the ring is
+  // issued once the x side is in.
   if (!prepped) {
     load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
   } else {
-    // this block's slice of the packed x' (xprep_i8_kernel): contiguous, in the layout the main loop reads
+    // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
+    const XprepI8 X(m, p.ksplit, p.max_chunks, G);
     const int units = nch * 64 * G;
-    const uint8_t* src = p.xprep + static_cast<size_t>(split) * p.max_chunks * 1024 * G;
+    const uint8_t* src = p.xprep + slot * X.split_bytes;
     for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xq + u * 16, src + u * 16);
+    if (tid < m) {
+      const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
+      row_d[tid] = dq.x;
+      qsum[tid] = __float_as_int(dq.y);
+    }
   }
   cp_async_commit();
-  SlabRing<K2> ring(p, smem + L.stage, c0, nch, col_chunk, warp);
-#pragma unroll
-  for (int i = 0; i < R::kStages - 1; ++i) ring.load(lane);
-  if (prepped && tid < m) {
-    const float2 dq = reinterpret_cast<const float2*>(p.xprep + static_cast<size_t>(p.ksplit) * p.max_chunks * 1024 * G)
-        [split * m + tid];
-    row_d[tid] = dq.x;
-    qsum[tid] = __float_as_int(dq.y);
-  }
-  cp_async_wait<R::kStages - 1>();
+  ring.load(lane);
+  cp_async_wait<1>();
   __syncthreads();
   EXL3_STAMP(2);
 
-  if (!prepped) {
+  if (!prepped && m == 1 && nch <= 2 * kWarps) {
+    // One row (the decode case): a warp's two chunks stay in registers; one barrier for the row's maximum, then
+    // each warp quantises and packs its own chunks by shuffles (an fp32 round trip through shared memory and a
+    // barrier per step cost ~2 us of prologue, kernels/PERF.md run 24).
+    __shared__ float wmax[kWarps];
+    __shared__ int wq[kWarps];
+    const uint2* xr = reinterpret_cast<const uint2*>(smem + L.xraw) + lane;
+    const uint2* sr = reinterpret_cast<const uint2*>(smem + L.suh) + lane;
+    float v[2][4];
+    float mx = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int ch = warp + kWarps * h;
+      if (ch < nch) mx = fmaxf(mx, xprime_f32(xr[ch * 32], sr[ch * 32], v[h], lane));
+    }
+    if (lane == 0) wmax[warp] = mx;
+    __syncthreads();
+    float amax = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, wmax[w]);
+    const float inv = amax > 0.0f ? kQMax / amax : 0.0f;
+    uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
+    const int c = lane & 3, sl = lane >> 2;
+    const int src_a = (lane & ~3) + (c >> 1), src_b = src_a + 2;  // lanes holding k = 2c, 2c+1 and 2c+8, 2c+9
+    const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
+    int qs = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int ch = warp + kWarps * h;
+      if (ch < nch) {  // warp-uniform
+        uint32_t hp = 0, lp = 0;  // this lane's 4 elements as hi and lo bytes
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int q = __float2int_rn(v[h][j] * inv);
+          const int hi = (q + 128) >> 8;
+          qs += q;
+          hp |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
+          lp |= static_cast<uint32_t>((q - (hi << 8)) & 0xFF) << (8 * j);
+        }
+        const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
+        const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
+        uint32_t* dst = xq + (8 * ch + sl) * G * 32 + c;
+        dst[0] = __byte_perm(ha, hb, sel);
+        dst[4] = __byte_perm(la, lb, sel);
+      }
+    }
+#pragma unroll
+    for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
+    if (lane == 0) wq[warp] = qs;
+    __syncthreads();
+    if (tid == 0) {
+      int q = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) q += wq[w];
+      qsum[0] = q;
+      row_d[0] = amax / kQMax;
+    }
+  } else if (!prepped) {
     // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
     float* xs = reinterpret_cast<float*>(smem + L.xs);
     for (int it = warp; it < m * nch; it += kWarps) {
@@ -786,6 +855,8 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_i8_kernel(cons
     }
     if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
   }
+#pragma unroll
+  for (int i = 1; i < R::kStages - 1; ++i) ring.load(lane);
   __syncthreads();
 
   // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
@@ -854,7 +925,23 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_i8_kernel(cons
     ra.a[tid] = d * kMul1Inv;
     ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
   }
-  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split);
+  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors,
+               p.partials + col_chunk * 128, static_cast<size_t>(m) * p.out_features, p.out_features);
+}
+
+// One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel. (A stream-K grid,
+// equal runs of units crossing column chunks, balanced the main loops but paid the per-segment prologue and end
+// twice in most blocks: 22.3 us against 21.2, kernels/PERF.md run 23.)
+template <int K2, int G>
+__global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int n_k = p.in_features >> 7;
+  const int split = blockIdx.y;
+  const int c0 = static_cast<int>(static_cast<long long>(split) * n_k / p.ksplit);
+  const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_k / p.ksplit);
+  grid_dependency_wait();
+  EXL3_STAMP(0);
+  i8_segment<K2, G>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
 }
 
 // x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the fp16 GEMV reads: done once
@@ -948,12 +1035,13 @@ bool mul1_int_path() {
 // The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
 // in both the fp16 and the integer kernel (one or two column groups).
 bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
-  if (cb == 2 && mul1_int_path()) {
-    const bool two = m > 4;
-#define EXL3_I8(K2_)                                          \
-  if (k2 == K2_) {                                            \
-    *out = two ? info_i8<K2_, 2>() : info_i8<K2_, 1>();       \
-    return true;                                              \
+  // 5..8 rows would take a second column group (two more mmas per tile): measured slower than the fp16 kernel
+  // (4096x14336 8 rows 30.7 against 28.3 us, kernels/PERF.md run 24), so they stay on it.
+  if (cb == 2 && m <= 4 && mul1_int_path()) {
+#define EXL3_I8(K2_)                  \
+  if (k2 == K2_) {                    \
+    *out = info_i8<K2_, 1>();         \
+    return true;                      \
   }
     EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
     EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)
@@ -1016,25 +1104,46 @@ int validate(const Exl3GemvParams* p, KernelInfo* k) {
   return EXL3_OK;
 }
 
-int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool prepped) {
-  const int n_chunks_k = p->in_features / 128;
-  const int max_chunks = (n_chunks_k + ksplit - 1) / ksplit;
+int smem_for_chunks(const Exl3GemvParams* p, const KernelInfo& k, int max_chunks, bool prepped) {
   if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped).total;
   return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp, prepped).total;
 }
 
+int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool prepped) {
+  const int n_chunks_k = p->in_features / 128;
+  return smem_for_chunks(p, k, (n_chunks_k + ksplit - 1) / ksplit, prepped);
+}
+
 bool uses_xprep(const Exl3GemvParams* p) { return p->m >= xprep_min_rows(); }
 
-// Smallest split: at most kMaxChunksPerBlock chunks per block, and a block's shared memory within what the device
-// grants one block (99 KiB on sm_120/121, 227 KiB on sm_90).
-int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
-  int dev = 0, limit = 0;
+// Shared memory one block may have: 99 KiB on sm_120/121, 227 KiB on sm_90; SPARKCTL_EXL3_SMEM_LIMIT (bytes) lowers
+// it, so a big GPU can check a small GPU's choices.
+int smem_limit(int* limit) {
+  int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
-  e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  e = cudaDeviceGetAttribute(limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(shared memory per block)");
-  const char* cap = getenv("SPARKCTL_EXL3_SMEM_LIMIT");  // bytes; lets a big GPU check a small GPU's choices
-  if (cap && atoi(cap) > 0 && atoi(cap) < limit) limit = atoi(cap);
+  const char* cap = getenv("SPARKCTL_EXL3_SMEM_LIMIT");
+  if (cap && atoi(cap) > 0 && atoi(cap) < *limit) *limit = atoi(cap);
+  return EXL3_OK;
+}
+
+int sm_count(int* sms) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+  e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
+  return EXL3_OK;
+}
+
+// Smallest split of the fp16 kernel: at most kMaxChunksPerBlock chunks per block, and a block's shared memory
+// within the device's limit.
+int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
+  int limit = 0;
+  const int st = smem_limit(&limit);
+  if (st != EXL3_OK) return st;
   const int n_chunks_k = p->in_features / 128;
   int ks = (n_chunks_k + kMaxChunksPerBlock - 1) / kMaxChunksPerBlock;
   while (ks < n_chunks_k && smem_bytes(p, k, ks, uses_xprep(p)) > limit) ++ks;
@@ -1043,19 +1152,17 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   return EXL3_OK;
 }
 
-// Split-K choice: enough blocks that every multiprocessor gets two of them (one block of 8 warps cannot hide the
-// decode latency alone), balanced against the per-block fixed cost (x' prologue, pipeline fill, reduction).
-// Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2) time units.
+// Split-K choice of the fp16 kernel: enough blocks that every multiprocessor gets two of them (one block of 8 warps
+// cannot hide the decode latency alone), balanced against the per-block fixed cost (x' prologue, pipeline fill,
+// reduction). Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2) time units.
 int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
-  int dev = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
-  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute");
+  int sms = 0;
+  int st = sm_count(&sms);
+  if (st != EXL3_OK) return st;
   const int n_chunks_k = p->in_features / 128;
   const int n_chunks_n = p->out_features / 128;
   int lo = 0;
-  const int st = min_ksplit(p, k, &lo);
+  st = min_ksplit(p, k, &lo);
   if (st != EXL3_OK) return st;
   int best = lo;
   double best_cost = 1e30;
@@ -1075,6 +1182,34 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
   return EXL3_OK;
 }
 
+// Everything a launch needs to know about its grid and scratch.
+struct Schedule {
+  int ksplit;      // input-dimension split: the grid is (O / 128) x ksplit
+  int max_chunks;  // most input chunks one block holds
+  size_t partial_floats, xprep_halfs;
+};
+
+int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
+  const int n_k = p->in_features / 128;
+  int ks = p->ksplit;
+  if (ks == 0) {
+    const int st = auto_ksplit(p, k, &ks);
+    if (st != EXL3_OK) return st;
+  }
+  int lo = 0;
+  const int st = min_ksplit(p, k, &lo);
+  if (st != EXL3_OK) return st;
+  if (ks < lo || ks > n_k) return EXL3_ERR_KSPLIT;
+  out->ksplit = ks;
+  out->max_chunks = (n_k + ks - 1) / ks;
+  out->partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
+  // x' scratch: fp16 fragments (fp16 kernel), or packed 16-bit x' with its scales (integer kernel)
+  const size_t mi = static_cast<size_t>(p->m) * p->in_features;
+  out->xprep_halfs =
+      !uses_xprep(p) ? 0 : (k.groups > 0 ? (XprepI8(p->m, ks, out->max_chunks, k.groups).bytes + 15) / 16 * 8 : mi);
+  return EXL3_OK;
+}
+
 }  // namespace exl3
 
 extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs) {
@@ -1082,22 +1217,12 @@ extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* part
   KernelInfo k;
   int st = validate(p, &k);
   if (st != EXL3_OK) return st;
-  int ks = p->ksplit;
-  if (ks == 0) {
-    st = auto_ksplit(p, k, &ks);
-    if (st != EXL3_OK) return st;
-  }
-  int lo = 0;
-  st = min_ksplit(p, k, &lo);
+  Schedule sc;
+  st = schedule(p, k, &sc);
   if (st != EXL3_OK) return st;
-  if (ks < lo || ks > p->in_features / 128) return EXL3_ERR_KSPLIT;
-  *ksplit = ks;
-  *partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
-  // x' scratch: fp16 fragments for the fp16 kernel; fp32 x' plus one fp32 maximum per 128-chunk for the integer one
-  const size_t mi = static_cast<size_t>(p->m) * p->in_features;
-  const int max_chunks = (p->in_features / 128 + ks - 1) / ks;
-  const size_t i8_bytes = static_cast<size_t>(ks) * max_chunks * 1024 * k.groups + static_cast<size_t>(ks) * p->m * 8;
-  *xprep_halfs = !uses_xprep(p) ? 0 : (k.groups > 0 ? (i8_bytes + 15) / 16 * 8 : mi);
+  *ksplit = sc.ksplit;
+  *partial_floats = sc.partial_floats;
+  *xprep_halfs = sc.xprep_halfs;
   return EXL3_OK;
 }
 
@@ -1124,12 +1249,14 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
 
 extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   using namespace exl3;
-  int ks = 0;
-  size_t partial_floats = 0, xprep_halfs = 0;
-  int st = exl3_gemv_plan(p, &ks, &partial_floats, &xprep_halfs);
-  if (st != EXL3_OK) return st;
   KernelInfo k;
-  validate(p, &k);
+  int st = validate(p, &k);
+  if (st != EXL3_OK) return st;
+  Schedule sc;
+  st = schedule(p, k, &sc);
+  if (st != EXL3_OK) return st;
+  const size_t partial_floats = sc.partial_floats, xprep_halfs = sc.xprep_halfs;
+  int ks = sc.ksplit;
   const uintptr_t any = reinterpret_cast<uintptr_t>(p->x) | reinterpret_cast<uintptr_t>(p->trellis) |
                         reinterpret_cast<uintptr_t>(p->suh) | reinterpret_cast<uintptr_t>(p->svh) |
                         reinterpret_cast<uintptr_t>(p->y) | reinterpret_cast<uintptr_t>(p->partials) |
@@ -1151,14 +1278,14 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   a.in_features = p->in_features;
   a.out_features = p->out_features;
   a.ksplit = ks;
-  a.max_chunks = (n_chunks_k + ks - 1) / ks;
+  a.max_chunks = sc.max_chunks;
   a.xprep = xprep_halfs > 0 ? static_cast<const uint8_t*>(p->xprep) : nullptr;
   cudaError_t e;
   if (a.xprep != nullptr) {
     const __half* xp = a.x;
     const __half* sp = a.suh;
     void* fp = p->xprep;
-    int m = p->m, in_f = p->in_features, groups = k.groups, max_chunks = a.max_chunks;
+    int m = p->m, in_f = p->in_features, groups = k.groups, max_chunks = sc.max_chunks;
     if (k.groups > 0) {
       void* args[] = {&xp, &sp, &fp, &m, &in_f, &ks, &groups, &max_chunks};
       e = launch(reinterpret_cast<const void*>(xprep_i8_kernel), dim3(ks, p->m), 0, stream, args);
@@ -1169,7 +1296,7 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
     }
     if (e != cudaSuccess) return fail_cuda(e, "input-transform kernel launch");
   }
-  const int smem = smem_bytes(p, k, ks, a.xprep != nullptr);
+  const int smem = smem_for_chunks(p, k, sc.max_chunks, a.xprep != nullptr);
   e = cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
   void* args[] = {&a};
