@@ -53,6 +53,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
 
 
+def min_ksplit(n_k: int, codebook: str, rows: int) -> int:
+    """Fewest input splits the kernel accepts: blocks hold at most 16 input chunks, or 32 in the integer (mul1, up to
+    4 rows) kernel (shared memory may raise it further; the harness only uses shapes where it does not)."""
+    most = (
+        32 if codebook == "mul1" and rows <= 4 and os.environ.get("SPARKCTL_EXL3_MUL1_PATH") != "fp16" else 16
+    )
+    return (n_k + most - 1) // most
+
+
 def k2_label(k2: int) -> str:
     return str(k2 // 2) if k2 % 2 == 0 else f"{k2 / 2:.1f}"
 
@@ -177,7 +186,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                     y_ref = x.float() @ w
                     n_k = in_f // 128
                     for ks in sorted({0, 1, min(n_k, 3), n_k}):
-                        if ks and ks < (n_k + 15) // 16:
+                        if ks and ks < min_ksplit(n_k, cb, rows):
                             continue
                         y, landed = poisoned_call(
                             partial(cuda.gemv, x, trellis, suh, svh, cb_id, ksplit=ks), rows, out_f, dev
@@ -376,9 +385,8 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                     splits = [0]
                     if args.sweep and rows == 1:
                         n_k = in_f // 128
-                        splits += [
-                            s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 28, 32) if (n_k + 15) // 16 <= s <= n_k
-                        ]
+                        lo = min_ksplit(n_k, cb, rows)
+                        splits += [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 28, 32) if lo <= s <= n_k]
                     auto_ks = cuda.gemv_ksplit(rows, in_f, out_f, k2, cb_id)
                     for ks in splits:
 

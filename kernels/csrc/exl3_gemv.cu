@@ -63,6 +63,9 @@ constexpr int kWarps = 8;                  // warps per block
 constexpr int kThreads = kWarps * 32;      // threads per block
 constexpr int kMaxRows = 8;                // the mma n8 dimension holds up to 8 input rows
 constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bounds the x' shared memory)
+// The integer kernel may take a whole 4096-input column chunk in one block (no split, no partial sums): its int32
+// sums stay exact up to 16448 inputs (4 bytes x 255 x 128 per input), far above 32 chunks.
+constexpr int kMaxChunksPerBlockI8 = 32;
 constexpr int kRedStride = 132;            // fp32 row stride of the per-warp reduction buffer (bank-conflict pad)
 constexpr float kHadScale = 0.08838834764831845f;  // 1/sqrt(128)
 
@@ -653,6 +656,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // built: rows 5..8 run faster on the fp16 kernel (see find_kernel).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
+constexpr int kRegChunks = kMaxChunksPerBlockI8 / kWarps;  // one row's x' chunks a warp keeps in registers
 
 // x' = had128(x * suh) / sqrt(128) of one (row, 128-chunk) in fp32, lane l holding elements 4l..4l+3 (xv, sv: this
 // lane's 4 values of x and suh); returns max |x'| over the chunk (every lane gets it).
@@ -776,18 +780,18 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   __syncthreads();
   EXL3_STAMP(2);
 
-  if (!prepped && m == 1 && nch <= 2 * kWarps) {
-    // One row (the decode case): a warp's two chunks stay in registers; one barrier for the row's maximum, then
+  if (!prepped && m == 1 && nch <= kRegChunks * kWarps) {
+    // One row (the decode case): a warp's chunks (up to four) stay in registers; one barrier for the row's maximum, then
     // each warp quantises and packs its own chunks by shuffles (an fp32 round trip through shared memory and a
     // barrier per step cost ~2 us of prologue, kernels/PERF.md run 24).
     __shared__ float wmax[kWarps];
     __shared__ int wq[kWarps];
     const uint2* xr = reinterpret_cast<const uint2*>(smem + L.xraw) + lane;
     const uint2* sr = reinterpret_cast<const uint2*>(smem + L.suh) + lane;
-    float v[2][4];
+    float v[kRegChunks][4];
     float mx = 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kRegChunks; ++h) {
       const int ch = warp + kWarps * h;
       if (ch < nch) mx = fmaxf(mx, xprime_f32(xr[ch * 32], sr[ch * 32], v[h], lane));
     }
@@ -803,7 +807,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
     int qs = 0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kRegChunks; ++h) {
       const int ch = warp + kWarps * h;
       if (ch < nch) {  // warp-uniform
         uint32_t hp = 0, lp = 0;  // this lane's 4 elements as hi and lo bytes
@@ -968,7 +972,7 @@ __global__ void __launch_bounds__(kThreads) xprep_kernel(const __half* x, const 
 __global__ void __launch_bounds__(kThreads) xprep_i8_kernel(const __half* x, const __half* suh, uint32_t* xq_out,
                                                             int m, int in_features, int ksplit, int groups,
                                                             int max_chunks) {
-  __shared__ float xs[kMaxChunksPerBlock * 128];
+  __shared__ float xs[kMaxChunksPerBlockI8 * 128];
   __shared__ unsigned mx_bits;
   __shared__ int qsum;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1145,7 +1149,8 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   const int st = smem_limit(&limit);
   if (st != EXL3_OK) return st;
   const int n_chunks_k = p->in_features / 128;
-  int ks = (n_chunks_k + kMaxChunksPerBlock - 1) / kMaxChunksPerBlock;
+  const int most = k.groups > 0 ? kMaxChunksPerBlockI8 : kMaxChunksPerBlock;
+  int ks = (n_chunks_k + most - 1) / most;
   while (ks < n_chunks_k && smem_bytes(p, k, ks, uses_xprep(p)) > limit) ++ks;
   if (smem_bytes(p, k, ks, uses_xprep(p)) > limit) return EXL3_ERR_KSPLIT;
   *out = ks;
@@ -1191,14 +1196,22 @@ struct Schedule {
 
 int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   const int n_k = p->in_features / 128;
+  int lo = 0;
+  int st = min_ksplit(p, k, &lo);
+  if (st != EXL3_OK) return st;
   int ks = p->ksplit;
   if (ks == 0) {
-    const int st = auto_ksplit(p, k, &ks);
+    st = auto_ksplit(p, k, &ks);
     if (st != EXL3_OK) return st;
+    // Integer kernel: when the column chunks alone fill one wave of the multiprocessors (80-100% of them), no split
+    // at all: an SM decodes as fast with one long block as with two halves, and the partial-sum exchange is saved
+    // (4096x14336 on the H200: 18.7 us against 19.2 with ksplit 2, kernels/PERF.md run 26).
+    int sms = 0;
+    st = sm_count(&sms);
+    if (st != EXL3_OK) return st;
+    const int n_col = p->out_features / 128;
+    if (k.groups > 0 && lo == 1 && n_col <= sms && 5 * n_col >= 4 * sms) ks = 1;
   }
-  int lo = 0;
-  const int st = min_ksplit(p, k, &lo);
-  if (st != EXL3_OK) return st;
   if (ks < lo || ks > n_k) return EXL3_ERR_KSPLIT;
   out->ksplit = ks;
   out->max_chunks = (n_k + ks - 1) / ks;
