@@ -734,6 +734,71 @@ struct XprepI8 {
   }
 };
 
+// The one-row prologue of the integer kernel: a warp's H chunks of x' stay in registers; one barrier for the row's
+// maximum, then each warp quantises and packs its own chunks by shuffles (an fp32 round trip through shared
+// memory and a barrier per step cost ~2 us of prologue, kernels/PERF.md run 24).
+template <int H, int G>
+__device__ __forceinline__ void one_row_prologue(unsigned char* smem, const SmemI8& L, int nch, int warp, int lane,
+                                               int tid, int* qsum, float* row_d) {
+  __shared__ float wmax[kWarps];
+  __shared__ int wq[kWarps];
+  const uint2* xr = reinterpret_cast<const uint2*>(smem + L.xraw) + lane;
+  const uint2* sr = reinterpret_cast<const uint2*>(smem + L.suh) + lane;
+  // Branch-free over the H chunks, so their shuffle chains interleave: a chunk past the end recomputes the last
+  // one and is ignored.
+  float v[H][4];
+  float mx = 0.0f;
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    const int ch = min(warp + kWarps * h, nch - 1);
+    const float mh = xprime_f32(xr[ch * 32], sr[ch * 32], v[h], lane);
+    if (warp + kWarps * h < nch) mx = fmaxf(mx, mh);
+  }
+  if (lane == 0) wmax[warp] = mx;
+  __syncthreads();
+  float amax = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, wmax[w]);
+  const float inv = amax > 0.0f ? kQMax / amax : 0.0f;
+  uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
+  const int c = lane & 3, sl = lane >> 2;
+  const int src_a = (lane & ~3) + (c >> 1), src_b = src_a + 2;  // lanes holding k = 2c, 2c+1 and 2c+8, 2c+9
+  const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
+  int qs = 0;
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    const int ch = warp + kWarps * h;
+    const bool valid = ch < nch;  // warp-uniform
+    uint32_t hp = 0, lp = 0;      // this lane's 4 elements as hi and lo bytes
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = __float2int_rn(v[h][j] * inv);
+      const int hi = (q + 128) >> 8;
+      if (valid) qs += q;
+      hp |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
+      lp |= static_cast<uint32_t>((q - (hi << 8)) & 0xFF) << (8 * j);
+    }
+    const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
+    const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
+    if (valid) {
+      uint32_t* dst = xq + (8 * ch + sl) * G * 32 + c;
+      dst[0] = __byte_perm(ha, hb, sel);
+      dst[4] = __byte_perm(la, lb, sel);
+    }
+  }
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
+  if (lane == 0) wq[warp] = qs;
+  __syncthreads();
+  if (tid == 0) {
+    int q = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) q += wq[w];
+    qsum[0] = q;
+    row_d[0] = amax / kQMax;
+  }
+}
+
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
 // that chunk.
 template <int K2, int G>
@@ -781,62 +846,10 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   EXL3_STAMP(2);
 
   if (!prepped && m == 1 && nch <= kRegChunks * kWarps) {
-    // One row (the decode case): a warp's chunks (up to four) stay in registers; one barrier for the row's maximum, then
-    // each warp quantises and packs its own chunks by shuffles (an fp32 round trip through shared memory and a
-    // barrier per step cost ~2 us of prologue, kernels/PERF.md run 24).
-    __shared__ float wmax[kWarps];
-    __shared__ int wq[kWarps];
-    const uint2* xr = reinterpret_cast<const uint2*>(smem + L.xraw) + lane;
-    const uint2* sr = reinterpret_cast<const uint2*>(smem + L.suh) + lane;
-    float v[kRegChunks][4];
-    float mx = 0.0f;
-#pragma unroll
-    for (int h = 0; h < kRegChunks; ++h) {
-      const int ch = warp + kWarps * h;
-      if (ch < nch) mx = fmaxf(mx, xprime_f32(xr[ch * 32], sr[ch * 32], v[h], lane));
-    }
-    if (lane == 0) wmax[warp] = mx;
-    __syncthreads();
-    float amax = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, wmax[w]);
-    const float inv = amax > 0.0f ? kQMax / amax : 0.0f;
-    uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
-    const int c = lane & 3, sl = lane >> 2;
-    const int src_a = (lane & ~3) + (c >> 1), src_b = src_a + 2;  // lanes holding k = 2c, 2c+1 and 2c+8, 2c+9
-    const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
-    int qs = 0;
-#pragma unroll
-    for (int h = 0; h < kRegChunks; ++h) {
-      const int ch = warp + kWarps * h;
-      if (ch < nch) {  // warp-uniform
-        uint32_t hp = 0, lp = 0;  // this lane's 4 elements as hi and lo bytes
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int q = __float2int_rn(v[h][j] * inv);
-          const int hi = (q + 128) >> 8;
-          qs += q;
-          hp |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
-          lp |= static_cast<uint32_t>((q - (hi << 8)) & 0xFF) << (8 * j);
-        }
-        const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
-        const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
-        uint32_t* dst = xq + (8 * ch + sl) * G * 32 + c;
-        dst[0] = __byte_perm(ha, hb, sel);
-        dst[4] = __byte_perm(la, lb, sel);
-      }
-    }
-#pragma unroll
-    for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
-    if (lane == 0) wq[warp] = qs;
-    __syncthreads();
-    if (tid == 0) {
-      int q = 0;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) q += wq[w];
-      qsum[0] = q;
-      row_d[0] = amax / kQMax;
-    }
+    // one row: as many register chunks per warp as this block needs (computing absent ones costs ~0.3 us)
+    if (nch <= kWarps) one_row_prologue<1, G>(smem, L, nch, warp, lane, tid, qsum, row_d);
+    else if (nch <= 2 * kWarps) one_row_prologue<2, G>(smem, L, nch, warp, lane, tid, qsum, row_d);
+    else one_row_prologue<kRegChunks, G>(smem, L, nch, warp, lane, tid, qsum, row_d);
   } else if (!prepped) {
     // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
     float* xs = reinterpret_cast<float*>(smem + L.xs);
