@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from ctrl_c import sigint_default
 from dockerkit import REPO, free_port, managed_container_ids
 
 from sparkctl.runtimes.docker import LABEL_RECIPE, LABEL_RECIPE_HASH
@@ -215,6 +216,7 @@ def test_logs_follow_streams_new_lines(server: Server, e2e_env: Env) -> None:
         text=True,
         env=e2e_env.env,
         cwd=REPO,
+        preexec_fn=sigint_default,
     )
     try:
         time.sleep(2)
@@ -372,6 +374,7 @@ def test_ctrl_c_during_start_up_stops_the_container(e2e_env: Env, docker_client)
         [sys.executable, "-m", "sparkctl", "up", e2e_env.recipe(name), *host_overrides(),
          "--set", f"serve.port={free_port()}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e2e_env.env, cwd=REPO,
+        preexec_fn=sigint_default,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -387,6 +390,13 @@ def test_ctrl_c_during_start_up_stops_the_container(e2e_env: Env, docker_client)
     finally:
         if up.poll() is None:
             up.kill()
-    assert up.returncode == 130, err
-    assert "Traceback" not in err
-    assert_nothing_left(e2e_env, docker_client, name)
+    try:
+        assert up.returncode == 130, err
+        assert "Traceback" not in err
+        assert_nothing_left(e2e_env, docker_client, name)
+    finally:
+        # whatever went wrong, no vLLM may keep running in a container after this test: a leftover one slowed
+        # every later test on the machine, and the next run's `up` of this recipe refused to start
+        for c in our_containers(docker_client):
+            if c.labels.get(LABEL_RECIPE) == name:
+                c.remove(force=True)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ctrl_c import sigint_default
 from prewarm_testlib import MiB, as_nobody, prewarm_cmd, write_shard
 
 from prewarm import model_files, residency
@@ -106,6 +107,7 @@ def test_ctrl_c_stops_cleanly_with_a_partial_report(disk_dir: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        preexec_fn=sigint_default,
     )
     assert proc.stderr is not None
     line = proc.stderr.readline()  # the first plain progress line: reading has begun

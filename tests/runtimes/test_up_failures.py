@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+from ctrl_c import sigint_default
 
 from sparkctl.server.ports import free_port
 
@@ -67,6 +68,7 @@ def _launched(tmp_path: Path, recipe: Path, name: str) -> Iterator[tuple[subproc
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        preexec_fn=sigint_default,
     )
     state_file = tmp_path / "state" / "servers" / f"{name}.json"
     try:
@@ -383,6 +385,7 @@ def test_a_second_concurrent_up_of_the_same_recipe_is_refused(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        preexec_fn=sigint_default,
     )
     state_file = tmp_path / "state" / "servers" / "busy.json"
     try:
