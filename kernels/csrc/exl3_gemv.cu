@@ -32,6 +32,12 @@ namespace exl3 {
 #ifndef EXL3_MIN_BLOCKS
 #define EXL3_MIN_BLOCKS 2
 #endif
+// The integer kernel keeps the same 91-96 registers with a one-block budget, but ptxas then schedules its main
+// loop in fewer instructions (K=4: 221 against 233 per slab; 14336x4096 K=4 17.6 against 18.0 us,
+// kernels/PERF.md run 28); no spills on sm_90 or sm_121.
+#ifndef EXL3_I8_MIN_BLOCKS
+#define EXL3_I8_MIN_BLOCKS 1
+#endif
 
 // Phase timing (kernels/bench/phase_timing.cu builds this file with -DEXL3_TIMING): thread 0 of each block
 // writes clock64() at fixed points of the block's life, plus %globaltimer at start and end, into
@@ -950,7 +956,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 // equal runs of units crossing column chunks, balanced the main loops but paid the per-segment prologue and end
 // twice in most blocks: 22.3 us against 21.2, kernels/PERF.md run 23.)
 template <int K2, int G>
-__global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kThreads, EXL3_I8_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int n_k = p.in_features >> 7;
   const int split = blockIdx.y;
