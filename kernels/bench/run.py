@@ -238,20 +238,6 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
     finally:
         del os.environ["SPARKCTL_EXL3_MUL1_PATH"]
 
-    # 2c'''. the integer kernel reading its first trellis slabs before the previous kernel ends (PDL)
-    os.environ["SPARKCTL_EXL3_EARLY_TRELLIS"] = "1"
-    try:
-        for k2 in (4, 8, 5):
-            trellis, suh, svh = random_layer(2048, 768, k2, gen, dev)
-            w = reference.weight(trellis, suh, svh, "mul1").float()
-            for rows in (1, 4, 8):
-                x = torch.randn(rows, 2048, generator=gen).half().to(dev)
-                y = cuda.gemv(x, trellis, suh, svh, 2)
-                case = f"mul1 early trellis 2048x768 K={k2_label(k2)} rows={rows}"
-                yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
-    finally:
-        del os.environ["SPARKCTL_EXL3_EARLY_TRELLIS"]
-
     # 2c''. activations with outliers: the integer kernel carries x' as 16-bit integers scaled by each block's
     # largest |x'|, so one huge channel must not drown the others (error against the float64 product)
     for k2, cb in ((4, "mul1"), (8, "mul1"), (4, "3inst")):

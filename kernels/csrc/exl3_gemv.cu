@@ -1139,26 +1139,28 @@ int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool pr
 
 bool uses_xprep(const Exl3GemvParams* p) { return p->m >= xprep_min_rows(); }
 
-// Shared memory one block may have: 99 KiB on sm_120/121, 227 KiB on sm_90; SPARKCTL_EXL3_SMEM_LIMIT (bytes) lowers
-// it, so a big GPU can check a small GPU's choices.
-int smem_limit(int* limit) {
+// One attribute of the current device.
+int device_attr(cudaDeviceAttr attr, const char* what, int* out) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
-  e = cudaDeviceGetAttribute(limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(shared memory per block)");
+  e = cudaDeviceGetAttribute(out, attr, dev);
+  if (e != cudaSuccess) return fail_cuda(e, what);
+  return EXL3_OK;
+}
+
+// Shared memory one block may have: 99 KiB on sm_120/121, 227 KiB on sm_90; SPARKCTL_EXL3_SMEM_LIMIT (bytes) lowers
+// it, so a big GPU can check a small GPU's choices.
+int smem_limit(int* limit) {
+  const int st = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "cudaDeviceGetAttribute(shared memory per block)", limit);
+  if (st != EXL3_OK) return st;
   const char* cap = getenv("SPARKCTL_EXL3_SMEM_LIMIT");
   if (cap && atoi(cap) > 0 && atoi(cap) < *limit) *limit = atoi(cap);
   return EXL3_OK;
 }
 
 int sm_count(int* sms) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
-  e = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
-  return EXL3_OK;
+  return device_attr(cudaDevAttrMultiProcessorCount, "cudaDeviceGetAttribute(multiprocessors)", sms);
 }
 
 // Smallest split of the fp16 kernel: at most kMaxChunksPerBlock chunks per block, and a block's shared memory
@@ -1242,15 +1244,20 @@ int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   return EXL3_OK;
 }
 
+// The kernel and the schedule of a call (what plan reports and launch runs: one computation for both).
+int plan_call(const Exl3GemvParams* p, KernelInfo* k, Schedule* sc) {
+  const int st = validate(p, k);
+  if (st != EXL3_OK) return st;
+  return schedule(p, *k, sc);
+}
+
 }  // namespace exl3
 
 extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs) {
   using namespace exl3;
   KernelInfo k;
-  int st = validate(p, &k);
-  if (st != EXL3_OK) return st;
   Schedule sc;
-  st = schedule(p, k, &sc);
+  const int st = plan_call(p, &k, &sc);
   if (st != EXL3_OK) return st;
   *ksplit = sc.ksplit;
   *partial_floats = sc.partial_floats;
@@ -1282,10 +1289,8 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
 extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   using namespace exl3;
   KernelInfo k;
-  int st = validate(p, &k);
-  if (st != EXL3_OK) return st;
   Schedule sc;
-  st = schedule(p, k, &sc);
+  const int st = plan_call(p, &k, &sc);
   if (st != EXL3_OK) return st;
   const size_t partial_floats = sc.partial_floats, xprep_halfs = sc.xprep_halfs;
   int ks = sc.ksplit;
