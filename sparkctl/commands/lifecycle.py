@@ -274,6 +274,7 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     elif recipe:
         found = _find_state(recipe)
         if found is None:
+            _known_recipe(recipe)  # a typo must not read as "stopped"
             click.echo(f"{recipe} is not running")
             return
         targets = [found]
@@ -304,6 +305,15 @@ def _find_state(recipe: str) -> Any:
         return found
     name = _recipe_name(recipe)
     return state_files.load(name) if name != recipe else None
+
+
+def _known_recipe(recipe: str) -> None:
+    """Raise the loader's UserError (exit 2, with "did you mean") when RECIPE is neither a built-in name nor an
+    existing YAML file: `down`/`status` of a misspelt name answered "not running" and exit 0, which a user (or a
+    script) takes for "stopped"."""
+    from sparkctl.recipe.loader import resolve_source
+
+    resolve_source(recipe)
 
 
 def _recipe_name(recipe: str) -> str:
@@ -392,6 +402,8 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
 def status_cmd(recipe: str | None, as_json: bool) -> None:
     """Show running servers: recipe, runtime, port, uptime, health (probed now) and memory."""
     rows = status_rows(recipe)
+    if recipe and not rows:
+        _known_recipe(recipe)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -268,6 +268,9 @@ def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
         (("down",), "name the recipe to stop"),
         (("logs", "never-ran"), "no logs for never-ran"),
         (("up", "no-such-recipe"), "no-such-recipe"),
+        (("down", "tinny"), "unknown recipe 'tinny'; did you mean 'tiny'?"),
+        (("status", "tinny"), "unknown recipe 'tinny'; did you mean 'tiny'?"),
+        (("status", "--json", "missing.yaml"), "recipe file not found"),
         (("chat", "tiny"), "tiny is not running"),
         (("up", "tiny", "--runtime", "podman"), "podman"),
     ]:
