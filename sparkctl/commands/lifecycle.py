@@ -308,9 +308,15 @@ def _find_state(recipe: str) -> Any:
 
 
 def _known_recipe(recipe: str) -> None:
-    """Raise the loader's UserError (exit 2, with "did you mean") when RECIPE is neither a built-in name nor an
-    existing YAML file: `down`/`status` of a misspelt name answered "not running" and exit 0, which a user (or a
-    script) takes for "stopped"."""
+    """Raise the loader's UserError (exit 2, with "did you mean") when RECIPE has never run here and is neither a
+    built-in name nor an existing YAML file: `down`/`status` of a misspelt name answered "not running" and exit
+    0, which a user (or a script) takes for "stopped". A name with a kept log ran here (`up my.yaml` runs the
+    recipe named inside it), so stopping it again stays fine."""
+    from sparkctl import paths
+    from sparkctl.runtimes import state as state_files
+
+    if (paths.logs_dir() / f"{state_files.state_path(_recipe_name(recipe)).stem}.log").exists():
+        return
     from sparkctl.recipe.loader import resolve_source
 
     resolve_source(recipe)

@@ -261,6 +261,9 @@ def test_status_logs_and_down_accept_the_recipe_file_up_was_given(tmp_path):
     assert down.returncode == 0 and "stopped byfile" in down.stdout, down.stderr
     after = _sparkctl(tmp_path, "logs", str(recipe))  # no state any more: the kept log, found by name
     assert after.returncode == 0 and "the byfile server's log" in after.stdout, after.stderr
+    # by the name inside the file (no built-in, no such file): it ran here, so stopping it again is fine
+    again = _sparkctl(tmp_path, "down", "byfile")
+    assert again.returncode == 0 and "byfile is not running" in again.stdout, again.stderr
 
 
 def test_cli_usage_errors_exit_2_without_traceback(tmp_path):
