@@ -70,6 +70,7 @@ class UpOptions:
     dry_run: bool = False
     force: bool = False  # go on when the memory plan says it does not fit
     smoke: bool = True
+    restart: bool = False  # stop the recipe's running server first (to apply an edited recipe)
 
 
 @dataclass
@@ -172,6 +173,8 @@ def _start(
     runtime = get_runtime(plan.runtime)
 
     # already up? port free? -------------------------------------------------------------------------
+    if opts.restart:
+        _stop_previous(plan, rep)
     existing = _existing(plan, runtime, rep, port_asked=_port_asked(opts))
     if existing is not None:
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
@@ -327,12 +330,12 @@ def _existing(plan: Plan, runtime: Runtime, rep: Reporter, *, port_asked: bool =
             if old.port != plan.port:
                 rep.warn(
                     f"{plan.recipe_name} is already running on port {old.port}, not {plan.port}; "
-                    f"`sparkctl down {plan.recipe_name}` first to move it"
+                    f"`sparkctl up --restart` to move it"
                 )
             elif old.recipe_hash != plan.recipe_hash:
                 rep.warn(
                     f"{plan.recipe_name} is running with an older version of its recipe; "
-                    f"`sparkctl down {plan.recipe_name}` and `up` again to apply the change"
+                    f"`sparkctl up --restart` to apply the change"
                 )
             return old
         raise RuntimeFailure(
@@ -343,6 +346,17 @@ def _existing(plan: Plan, runtime: Runtime, rep: Reporter, *, port_asked: bool =
     state_files.remove(plan.recipe_name)
     rep.warn(f"{plan.recipe_name} had a state file but was not running (cleaned up)")
     return None
+
+
+def _stop_previous(plan: Plan, rep: Reporter) -> None:
+    """`up --restart`: stop whatever runs for this recipe (healthy, sick or dead) before starting it again."""
+    old = state_files.load(plan.recipe_name)
+    if old is None:
+        return
+    t = time.monotonic()
+    get_runtime(old.runtime).stop(old)
+    state_files.remove(plan.recipe_name)
+    rep.step("restart", f"stopped the running {plan.recipe_name} ({_where(old)})", time.monotonic() - t)
 
 
 def _check_port(plan: Plan) -> None:

@@ -124,6 +124,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 )
 @click.option("--force", is_flag=True, help="Launch even when the memory plan says it does not fit.")
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke-test chat completion after the health gate.")
+@click.option(
+    "--restart",
+    is_flag=True,
+    help="Stop the recipe's running server first (applies an edited recipe, new --set values or a new port).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def up_cmd(
     recipe: str,
@@ -134,12 +139,14 @@ def up_cmd(
     dry_run: bool,
     force: bool,
     no_smoke: bool,
+    restart: bool,
     as_json: bool,
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
 
     Stages: validate, doctor, image, fetch, memory, prewarm, launch, health, smoke. A failed or
-    interrupted start stops what it started. Running it again for a healthy recipe just reports it.
+    interrupted start stops what it started. Running it again for a healthy recipe just reports it
+    (--restart stops it and starts it again).
     """
     from sparkctl.server.health import StartupFailed
     from sparkctl.up import UpOptions, run_up
@@ -153,6 +160,7 @@ def up_cmd(
         dry_run=dry_run,
         force=force,
         smoke=not no_smoke,
+        restart=restart,
     )
     reporter = RichReporter()
     try:

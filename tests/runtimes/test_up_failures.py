@@ -412,3 +412,52 @@ def test_a_second_concurrent_up_of_the_same_recipe_is_refused(tmp_path):
         if first.poll() is None:
             first.kill()
     _nothing_left(tmp_path, marker)
+
+
+_HEALTHY_ENGINE = """
+    import http.server, json, sys
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    name = sys.argv[sys.argv.index("--served-model-name") + 1]
+    models = json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # /health and /v1/models: what the health gate asks
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(models if self.path.startswith("/v1/models") else b"")
+
+        def log_message(self, *args):
+            pass
+
+    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_restart_applies_an_edited_recipe(tmp_path):
+    """`up` of an edited recipe on its healthy server only says so; `up --restart` stops it and starts the new
+    one (a fake engine that answers /health stands in for vLLM)."""
+    recipe = _recipe(tmp_path, "edited", _HEALTHY_ENGINE)
+    port = str(free_port())
+    state_file = tmp_path / "state" / "servers" / "edited.json"
+    first = _sparkctl(tmp_path, "up", str(recipe), "--port", port, "--no-smoke")
+    assert first.returncode == 0, first.stderr
+    pid1 = json.loads(state_file.read_text())["pid"]
+    try:
+        recipe.write_text(recipe.read_text().replace("health_timeout_s: 20", "health_timeout_s: 30"))
+        same = _sparkctl(tmp_path, "up", str(recipe), "--port", port, "--no-smoke")
+        assert same.returncode == 0, same.stderr
+        assert "older version of its recipe; `sparkctl up --restart` to apply the change" in same.stderr
+        assert json.loads(state_file.read_text())["pid"] == pid1
+
+        again = _sparkctl(tmp_path, "up", str(recipe), "--port", port, "--no-smoke", "--restart")
+        assert again.returncode == 0, again.stderr
+        assert "stopped the running edited" in again.stderr, again.stderr
+        pid2 = json.loads(state_file.read_text())["pid"]
+        assert pid2 != pid1
+        assert not psutil.pid_exists(pid1) or psutil.Process(pid1).status() == psutil.STATUS_ZOMBIE
+        quiet = _sparkctl(tmp_path, "up", str(recipe), "--port", port, "--no-smoke")
+        assert quiet.returncode == 0 and "older version" not in quiet.stderr, quiet.stderr
+    finally:
+        down = _sparkctl(tmp_path, "down", "edited")
+    assert down.returncode == 0, down.stderr
+    assert not state_file.exists()
