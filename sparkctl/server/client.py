@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -39,6 +40,16 @@ def list_models(base_url: str, *, timeout_s: float = 5.0) -> list[str]:
     return [m["id"] for m in resp.json().get("data", [])]
 
 
+def _chat_body(model: str, message: str, max_tokens: int, temperature: float) -> dict[str, Any]:
+    """The one-user-message request both chat calls send (the streamed one adds "stream")."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+    }
+
+
 def chat(
     base_url: str,
     model: str,
@@ -49,12 +60,7 @@ def chat(
     timeout_s: float = 120.0,
 ) -> ChatResult:
     """One non-streamed chat completion; a non-200 or a malformed body is a RuntimeFailure."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": message}],
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-    }
+    body = _chat_body(model, message, max_tokens, temperature)
     try:
         resp = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -88,13 +94,7 @@ def stream_chat(
     timeout_s: float = 120.0,
 ) -> Iterator[str]:
     """Yield content pieces of a streamed chat completion as the server sends them (SSE)."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": message}],
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "stream": True,
-    }
+    body = _chat_body(model, message, max_tokens, temperature) | {"stream": True}
     try:
         with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=timeout_s) as resp:
             if resp.status_code != 200:

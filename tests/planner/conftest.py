@@ -1,4 +1,4 @@
-"""Every test here runs with sparkctl's state and cache directories in a temp dir."""
+"""Every test here runs with sparkctl's state and cache directories in a temp dir (see tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,5 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path_factory.mktemp("sparkctl")
-    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(root / "state"))
-    monkeypatch.setenv("SPARKCTL_CACHE_DIR", str(root / "cache"))
-    monkeypatch.delenv("SPARKCTL_RECIPES_DIR", raising=False)
+def _isolated(isolated_dirs: None) -> None:
+    pass
