@@ -202,8 +202,7 @@ struct TileDecoder {
   // A fragments of W_hat^T (rows = output columns n, cols = inputs k). Lane (g, c) owns positions e = 0..7 at
   // n = g + 8*(e>>2), k = 2c + (e&1) + 8*((e>>1)&1): even positions go to the k = 2c / 2c+8 slots of the first
   // mma, odd ones to the same slots of the second (whose B carries x'[2c+1] / x'[2c+9] there).
-  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4],
-                                                uint32_t one) {
+  static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4]) {
     if constexpr (K2 == 4 && BASE == 0) {
       // K = 2: states e sit at bits 2e .. 2e+15 of one word. Three shifted copies put every state on a byte
       // boundary, so each is cut with one SHR or PRMT: 12 ALU ops per 8 states instead of 15 (shift + mask). The
@@ -211,17 +210,9 @@ struct TileDecoder {
       // the copies via inline PTX: written in C, the compiler folds (w << 2) >> 16 back into shift + mask
       const uint32_t w0 = w[0];
       uint32_t w1, w2, w3;
-#ifdef EXL3_COPIES_ON_FMA
-      // as multiplications by run-time factors (ptxas turns constant ones back into shifts): IMAD runs on the FMA
-      // pipe, which has room, while the ALU pipe is the integer kernel's busiest
-      w1 = w0 * (4u * one);
-      w2 = w0 * (16u * one);
-      w3 = w0 * (64u * one);
-#else
       asm("shl.b32 %0, %1, 2;" : "=r"(w1) : "r"(w0));
       asm("shl.b32 %0, %1, 4;" : "=r"(w2) : "r"(w0));
       asm("shl.b32 %0, %1, 6;" : "=r"(w3) : "r"(w0));
-#endif
       ae[0] = cb_hash<CB>(w0 >> 16);
       ae[1] = cb_hash<CB>(__byte_perm(w0, 0u, 0x4421));  // position 4: bits 8..23
       ae[2] = cb_hash<CB>(w2 >> 16);
@@ -292,21 +283,32 @@ __device__ __forceinline__ void had128_warp(float (&v)[4], int lane) {
   }
 }
 
-// x' = had128(x * suh) / sqrt(128) for one 128-wide chunk of one row, written as mma B fragments: the layout
-// is [slab][row][4 lanes] x uint2 (lane (row, c) of a slab holds k = 2c, 2c+1 in word 0 and 2c+8, 2c+9 in word 1).
-// `xv` and `sv` are this lane's 4 elements (4*lane .. 4*lane+3) of x and suh.
-__device__ __forceinline__ void xprime_chunk(uint2 xv, uint2 sv, uint32_t* frag32, int slab_base, int row, int m,
-                                             int lane) {
+// x' = had128(x * suh) / sqrt(128) of one (row, 128-chunk) in fp32, lane l holding elements 4l..4l+3 (xv, sv: this
+// lane's 4 values of x and suh).
+__device__ __forceinline__ void xprime_values(uint2 xv, uint2 sv, float (&v)[4], int lane) {
   const float2 x01 = __half22float2(u32_as_h2(xv.x)), x23 = __half22float2(u32_as_h2(xv.y));
   const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
-  float v[4] = {x01.x * s01.x, x01.y * s01.y, x23.x * s23.x, x23.y * s23.y};
+  v[0] = x01.x * s01.x;
+  v[1] = x01.y * s01.y;
+  v[2] = x23.x * s23.x;
+  v[3] = x23.y * s23.y;
   had128_warp(v, lane);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] *= kHadScale;
+}
+
+// The same x' written as fp16 mma B fragments: the layout is [slab][row][4 lanes] x uint2 (lane (row, c) of a slab
+// holds k = 2c, 2c+1 in word 0 and 2c+8, 2c+9 in word 1).
+__device__ __forceinline__ void xprime_chunk(uint2 xv, uint2 sv, uint32_t* frag32, int slab_base, int row, int m,
+                                             int lane) {
+  float v[4];
+  xprime_values(xv, sv, v, lane);
   const int q = lane & 3;
   const int slab = slab_base + (lane >> 2);
   const int c = 2 * (q & 1);
   const int word = q >> 1;
-  const uint32_t p01 = h2_as_u32(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
-  const uint32_t p23 = h2_as_u32(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
+  const uint32_t p01 = h2_as_u32(__floats2half2_rn(v[0], v[1]));
+  const uint32_t p23 = h2_as_u32(__floats2half2_rn(v[2], v[3]));
   frag32[((slab * m + row) * 4 + c) * 2 + word] = p01;
   frag32[((slab * m + row) * 4 + c + 1) * 2 + word] = p23;
 }
@@ -485,8 +487,7 @@ struct LaneWindow {
   using R = Rate<K2>;
   uint32_t widx[R::kRawWords];
   int o;
-  uint32_t one;  // 1, unknown to the compiler (see TileDecoder)
-  __device__ __forceinline__ LaneWindow(int lane, uint32_t one_) : one(one_) {
+  __device__ __forceinline__ explicit LaneWindow(int lane) {
     const int win = (4 * K2 * lane + R::end(0) - 16 + R::kRingBits) % R::kRingBits;
     o = win & 31;
 #pragma unroll
@@ -499,12 +500,12 @@ struct LaneWindow {
 #pragma unroll
     for (int j = 0; j < R::kRawWords; ++j) raw[j] = *reinterpret_cast<const uint32_t*>(tw + widx[j]);
     if constexpr (R::kFixed) {
-      TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, ae, ao, one);
+      TileDecoder<K2, CB, R::kFixedO, R::kRawWords>::decode(raw, ae, ao);
     } else {
       uint32_t nw[R::kNormWords];
 #pragma unroll
       for (int j = 0; j < R::kNormWords; ++j) nw[j] = __funnelshift_l(raw[j + 1], raw[j], o);
-      TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, ae, ao, one);
+      TileDecoder<K2, CB, 0, R::kNormWords>::decode(nw, ae, ao);
     }
   }
 };
@@ -583,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
   }
 
   // --- main loop: decode 8 tiles per slab into A fragments, two mmas each ---------------------------------------
-  const LaneWindow<K2> lw(lane, 1u << (p.m >> 4));  // m <= 8
+  const LaneWindow<K2> lw(lane);
   const int g = lane >> 2;
   const bool has_row = g < m;
   const uint2* xfrag = reinterpret_cast<const uint2*>(smem + L.xfrag);
@@ -664,18 +665,9 @@ constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 constexpr int kRegChunks = kMaxChunksPerBlockI8 / kWarps;  // one row's x' chunks a warp keeps in registers
 
-// x' = had128(x * suh) / sqrt(128) of one (row, 128-chunk) in fp32, lane l holding elements 4l..4l+3 (xv, sv: this
-// lane's 4 values of x and suh); returns max |x'| over the chunk (every lane gets it).
+// x' in fp32 (xprime_values); returns max |x'| over the chunk (every lane gets it).
 __device__ __forceinline__ float xprime_f32(uint2 xv, uint2 sv, float (&v)[4], int lane) {
-  const float2 x01 = __half22float2(u32_as_h2(xv.x)), x23 = __half22float2(u32_as_h2(xv.y));
-  const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
-  v[0] = x01.x * s01.x;
-  v[1] = x01.y * s01.y;
-  v[2] = x23.x * s23.x;
-  v[3] = x23.y * s23.y;
-  had128_warp(v, lane);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] *= kHadScale;
+  xprime_values(xv, sv, v, lane);
   float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, mask));
@@ -884,7 +876,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 
   // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
   EXL3_STAMP(3);
-  const LaneWindow<K2> lw(lane, 1u << (p.m >> 4));  // m <= 8
+  const LaneWindow<K2> lw(lane);
   const int g = lane >> 2;
   const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + warp * G * 32 + lane;
   bool has[G];
@@ -1015,14 +1007,15 @@ __global__ void __launch_bounds__(kThreads) xprep_i8_kernel(const __half* x, con
   }
   __syncthreads();
   const float amax = __uint_as_float(mx_bits);
-  uint32_t* xq = xq_out + static_cast<size_t>(split) * max_chunks * 256 * groups;
+  const XprepI8 X(m, ksplit, max_chunks, groups);  // the layout the GEMV blocks copy from
+  uint32_t* xq = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(xq_out) + split * X.split_bytes);
   for (int ch = warp; ch < c1 - c0; ch += kWarps) {
     const int qs = pack_chunk(xs + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch, groups, row, lane);
     if (lane == 0) atomicAdd(&qsum, qs);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float2* dq = reinterpret_cast<float2*>(xq_out + static_cast<size_t>(ksplit) * max_chunks * 256 * groups);
+    float2* dq = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(xq_out) + X.dq_off);
     dq[split * m + row] = make_float2(amax / kQMax, __int_as_float(qsum));
   }
 }
@@ -1178,18 +1171,23 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   return EXL3_OK;
 }
 
-// Split-K choice of the fp16 kernel: enough blocks that every multiprocessor gets two of them (one block of 8 warps
-// cannot hide the decode latency alone), balanced against the per-block fixed cost (x' prologue, pipeline fill,
-// reduction). Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2) time units.
-int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* chosen) {
+// Split-K choice (lo: the smallest split allowed): enough blocks that every multiprocessor gets two of them (one
+// block of 8 warps cannot hide the decode latency alone), balanced against the per-block fixed cost (x' prologue,
+// pipeline fill, reduction). Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2)
+// time units.
+int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chosen) {
   int sms = 0;
-  int st = sm_count(&sms);
+  const int st = sm_count(&sms);
   if (st != EXL3_OK) return st;
   const int n_chunks_k = p->in_features / 128;
   const int n_chunks_n = p->out_features / 128;
-  int lo = 0;
-  st = min_ksplit(p, k, &lo);
-  if (st != EXL3_OK) return st;
+  // Integer kernel: when the column chunks alone fill one wave of the multiprocessors (80-100% of them), no split
+  // at all: an SM decodes as fast with one long block as with two halves, and the partial-sum exchange is saved
+  // (4096x14336 on the H200: 18.7 us against 19.2 with ksplit 2, kernels/PERF.md run 26).
+  if (k.groups > 0 && lo == 1 && n_chunks_n <= sms && 5 * n_chunks_n >= 4 * sms) {
+    *chosen = 1;
+    return EXL3_OK;
+  }
   int best = lo;
   double best_cost = 1e30;
   for (int ks = lo; ks <= n_chunks_k; ++ks) {
@@ -1222,16 +1220,8 @@ int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   if (st != EXL3_OK) return st;
   int ks = p->ksplit;
   if (ks == 0) {
-    st = auto_ksplit(p, k, &ks);
+    st = auto_ksplit(p, k, lo, &ks);
     if (st != EXL3_OK) return st;
-    // Integer kernel: when the column chunks alone fill one wave of the multiprocessors (80-100% of them), no split
-    // at all: an SM decodes as fast with one long block as with two halves, and the partial-sum exchange is saved
-    // (4096x14336 on the H200: 18.7 us against 19.2 with ksplit 2, kernels/PERF.md run 26).
-    int sms = 0;
-    st = sm_count(&sms);
-    if (st != EXL3_OK) return st;
-    const int n_col = p->out_features / 128;
-    if (k.groups > 0 && lo == 1 && n_col <= sms && 5 * n_col >= 4 * sms) ks = 1;
   }
   if (ks < lo || ks > n_k) return EXL3_ERR_KSPLIT;
   out->ksplit = ks;
