@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkctl import paths
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.planner.types import Plan
 from sparkctl.runtimes import state as state_files
@@ -445,9 +444,8 @@ def _stop_steward(steward: Any, rep: Reporter) -> None:
 
 def _fresh_log(recipe: str) -> Path:
     """This launch's log file; the previous launch's is kept as `.1` for comparison."""
-    log_dir = paths.logs_dir()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / f"{Path(state_files.state_path(recipe)).stem}.log"
+    path = state_files.log_path(recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         os.replace(path, path.with_name(path.name + ".1"))
     return path

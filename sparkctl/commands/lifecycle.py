@@ -320,10 +320,9 @@ def _known_recipe(recipe: str) -> None:
     built-in name nor an existing YAML file: `down`/`status` of a misspelt name answered "not running" and exit
     0, which a user (or a script) takes for "stopped". A name with a kept log ran here (`up my.yaml` runs the
     recipe named inside it), so stopping it again stays fine."""
-    from sparkctl import paths
     from sparkctl.runtimes import state as state_files
 
-    if (paths.logs_dir() / f"{state_files.state_path(_recipe_name(recipe)).stem}.log").exists():
+    if state_files.log_path(_recipe_name(recipe)).exists():
         return
     from sparkctl.recipe.loader import resolve_source
 
@@ -456,7 +455,6 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
 @click.option("-n", "--tail", type=click.IntRange(min=0), default=None, help="Only the last N lines.")
 def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
     """Print the server log of RECIPE (also after a failed `up` or a `down`: the last log is kept)."""
-    from sparkctl import paths
     from sparkctl.runtimes import state as state_files
     from sparkctl.runtimes.native import follow_file
     from sparkctl.up import get_runtime
@@ -465,7 +463,7 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
     if st is not None:
         lines = get_runtime(st.runtime).logs(st, tail=tail, follow=follow)
     else:
-        path = paths.logs_dir() / f"{state_files.state_path(_recipe_name(recipe)).stem}.log"
+        path = state_files.log_path(_recipe_name(recipe))
         if not path.exists():
             raise UserError(
                 f"no logs for {recipe}: it is not running and has not run", hint="sparkctl status"

@@ -34,6 +34,12 @@ def state_path(recipe: str) -> Path:
     return servers_dir() / f"{name}.json"
 
 
+def log_path(recipe: str) -> Path:
+    """The recipe's server log (this or the last launch's: it is kept after the server stops), named like its
+    state file."""
+    return paths.logs_dir() / f"{state_path(recipe).stem}.log"
+
+
 def save(state: ServerState) -> Path:
     """Write atomically: temp file in the target directory, fsync, rename."""
     target = state_path(state.recipe)

@@ -37,6 +37,17 @@ def _recipe(tmp_path: Path, name: str, engine_code: str, *, health_timeout: floa
     return path
 
 
+def _never_healthy(tmp_path: Path, name: str, tag: str, first_line: str = "") -> tuple[Path, str]:
+    """A recipe whose engine prints `first_line` (if any), then sleeps without ever serving, and the marker that
+    `_nothing_left` looks for among the processes afterwards."""
+    marker = f"{tag}-{os.getpid()}"
+    lines = [f"import time  # {marker}"]
+    if first_line:
+        lines.append(f"print({first_line!r}, flush=True)")
+    lines.append("time.sleep(600)")
+    return _recipe(tmp_path, name, "\n".join(lines) + "\n", health_timeout=300), marker
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
@@ -58,11 +69,13 @@ def _sparkctl(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.Co
 
 
 @contextlib.contextmanager
-def _launched(tmp_path: Path, recipe: Path, name: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`sparkctl up` in the background, handed over (with the server's pid) once it has launched the server;
-    killed on the way out if the test left it running."""
+def _launched(
+    tmp_path: Path, recipe: Path, name: str, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`sparkctl up` in the background (on `port`, else a free one), handed over (with the server's pid) once it
+    has launched the server; killed on the way out if the test left it running."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
+        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(port or free_port())],
         env=_env(tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -139,13 +152,7 @@ def test_health_timeout_stops_the_server_and_shows_the_last_lines(tmp_path):
 
 
 def test_interrupt_during_startup_stops_what_was_started(tmp_path):
-    marker = f"interrupt-{os.getpid()}"
-    code = f"""
-        import time  # {marker}
-        print("starting", flush=True)
-        time.sleep(600)
-    """
-    recipe = _recipe(tmp_path, "slow", code, health_timeout=300)
+    recipe, marker = _never_healthy(tmp_path, "slow", "interrupt", first_line="starting")
     with _launched(tmp_path, recipe, "slow") as (proc, pid):
         assert psutil.pid_exists(pid)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
@@ -158,12 +165,7 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
 
 
 def test_status_says_starting_while_up_waits_for_the_server(tmp_path):
-    marker = f"starting-{os.getpid()}"
-    code = f"""
-        import time  # {marker}
-        time.sleep(600)
-    """
-    recipe = _recipe(tmp_path, "warming", code, health_timeout=300)
+    recipe, marker = _never_healthy(tmp_path, "warming", "starting")
     with _launched(tmp_path, recipe, "warming") as (proc, _):
         st = _sparkctl(tmp_path, "status", "--json")
         assert st.returncode == 0, st.stderr
@@ -177,12 +179,7 @@ def test_status_says_starting_while_up_waits_for_the_server(tmp_path):
 
 
 def test_sigterm_during_startup_cleans_up_too(tmp_path):
-    marker = f"sigterm-{os.getpid()}"
-    code = f"""
-        import time  # {marker}
-        time.sleep(600)
-    """
-    recipe = _recipe(tmp_path, "term", code, health_timeout=300)
+    recipe, marker = _never_healthy(tmp_path, "term", "sigterm")
     with _launched(tmp_path, recipe, "term") as (proc, _):
         proc.terminate()
         proc.communicate(timeout=60)
@@ -381,25 +378,10 @@ def test_offline_up_of_an_uncached_hub_model_fails_before_launch(tmp_path, monke
 
 
 def test_a_second_concurrent_up_of_the_same_recipe_is_refused(tmp_path):
-    marker = f"concurrent-{os.getpid()}"
-    recipe = _recipe(tmp_path, "busy", f"import time  # {marker}\ntime.sleep(600)\n", health_timeout=300)
+    recipe, marker = _never_healthy(tmp_path, "busy", "concurrent")
     port = free_port()
-    first = subprocess.Popen(
-        [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(port)],
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        preexec_fn=sigint_default,
-    )
-    state_file = tmp_path / "state" / "servers" / "busy.json"
-    try:
-        deadline = time.monotonic() + 60
-        while not state_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert state_file.exists()
-        first_pid = json.loads(state_file.read_text())["pid"]
+    with _launched(tmp_path, recipe, "busy", port=port) as (first, first_pid):
+        state_file = tmp_path / "state" / "servers" / "busy.json"
         second = _sparkctl(tmp_path, "up", str(recipe), "--port", str(port))
         assert second.returncode == 1, second.stderr
         assert "another `sparkctl up busy` is starting it right now" in second.stderr
@@ -408,9 +390,6 @@ def test_a_second_concurrent_up_of_the_same_recipe_is_refused(tmp_path):
         assert psutil.pid_exists(first_pid)
         first.send_signal(signal.SIGINT)
         first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            first.kill()
     _nothing_left(tmp_path, marker)
 
 
