@@ -65,7 +65,11 @@ constexpr int kStampsEnd = kStamps - 1;
 #define EXL3_STAMP(k)
 #endif
 
-constexpr int kWarps = 8;                  // warps per block
+// Warps per block; -DEXL3_WARPS=16 (SPARKCTL_EXL3_NVCC_FLAGS) is there for timing more warps per multiprocessor.
+#ifndef EXL3_WARPS
+#define EXL3_WARPS 8
+#endif
+constexpr int kWarps = EXL3_WARPS;
 constexpr int kThreads = kWarps * 32;      // threads per block
 constexpr int kMaxRows = 8;                // the mma n8 dimension holds up to 8 input rows
 constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bounds the x' shared memory)
@@ -100,8 +104,10 @@ struct Rate {
   static constexpr int kFixedO = (((end(0) - 16) % 32) + 32) % 32;
   static constexpr int kNormWords = (kSpan + 31) / 32;
   static constexpr int kRawWords = kFixed ? (kFixedO + kSpan + 31) / 32 : kNormWords + 1;
-  // cp.async ring depth per warp: about 4 KiB in flight per warp, 2..8 stages.
-  static constexpr int kStages = (4096 / kSlabBytes) < 2 ? 2 : ((4096 / kSlabBytes) > 8 ? 8 : (4096 / kSlabBytes));
+  // cp.async ring depth per warp: up to 32 KiB in flight per block (4 KiB per warp of 8), 2..8 stages, a power of
+  // two (SlabRing).
+  static constexpr int kStagesWanted = 32768 / EXL3_WARPS / kSlabBytes;
+  static constexpr int kStages = kStagesWanted >= 8 ? 8 : (kStagesWanted >= 4 ? 4 : 2);
   static_assert(kRawWords <= kTileWords, "window longer than a tile");
 };
 
@@ -421,45 +427,52 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
   EXL3_STAMP(kStampsEnd);
 }
 
-// One warp's stream of trellis slabs through its private cp.async ring: slab i of the warp = k-tile row
-// 8*c0 + warp + 8*i, tiles 8*col_chunk .. +7 (contiguous in the trellis). Rolling pointers rather than indices:
-// recomputing the addresses from i cost ~40 instructions per slab (a 64-bit multiply, a modulo), about a fifth
-// of the integer kernel's main loop.
+// One warp's stream of trellis slabs (16 x 128: tiles 8*col_chunk .. +7 of one k-tile row, contiguous in the
+// trellis) through its private cp.async ring. The ring has a power-of-two number of
+// stages, so a stage's offset is (i & (kStages - 1)) * kSlabBytes; the loads use a 32-bit shared address with the
+// lane's offset folded in, and a lane that loads nothing in a step has a zero count for it. Written so, the
+// integer kernel's K=2 main loop spends ~12 instructions per slab on the ring and the x' words instead of ~38
+// (kernels/PERF.md run 29): pointer compares and selects, and lane offsets that ptxas recomputed from the thread
+// index every slab, were a sixth of the loop.
 template <int K2>
 struct SlabRing {
   using R = Rate<K2>;
-  unsigned char* begin;  // this warp's ring
-  unsigned char* put;    // stage the next load goes to
-  unsigned char* get;    // stage the main loop reads next
-  const uint8_t* src;    // global address of the next slab to load
+  static constexpr int kLoads = (R::kSlabUnits + 31) / 32;  // 16-byte loads per lane and slab (the last partial)
+  const unsigned char* ring;  // this warp's ring (reads)
+  uint32_t dst;               // shared address of this warp's ring + 16 * lane (loads)
+  const uint8_t* src;         // global address of the next slab to load + 16 * lane
   size_t step;
-  int to_load;           // slabs not yet loaded
-  __device__ __forceinline__ SlabRing(const KernelArgs& p, unsigned char* ring_base, int c0, int nch, int col_chunk,
-                                      int warp)
-      : begin(ring_base + warp * (R::kStages * R::kSlabBytes)), to_load(nch) {
+  int loaded;                 // slabs issued so far
+  int got;                    // slabs handed out by next()
+  int count_last;             // slabs this lane loads with its last 16-byte unit: 0 if that unit is past the slab
+  int count;
+  // `count` slabs at k-tile rows first_row, first_row + row_stride, ...
+  __device__ __forceinline__ SlabRing(const KernelArgs& p, unsigned char* ring_base, int first_row, int row_stride,
+                                      int nch, int col_chunk, int warp, int lane)
+      : ring(ring_base + warp * (R::kStages * R::kSlabBytes)), loaded(0), got(0), count(nch) {
     const size_t tiles_n = static_cast<size_t>(p.out_features >> 4);
-    src = p.trellis + ((static_cast<size_t>(8 * c0 + warp)) * tiles_n + 8 * col_chunk) * R::kTileBytes;
-    step = 8 * tiles_n * R::kTileBytes;
-    put = get = begin;
+    src = p.trellis + (static_cast<size_t>(first_row) * tiles_n + 8 * col_chunk) * R::kTileBytes + 16 * lane;
+    step = row_stride * tiles_n * R::kTileBytes;
+    dst = static_cast<uint32_t>(__cvta_generic_to_shared(ring)) + 16 * lane;
+    count_last = 32 * (kLoads - 1) + lane < R::kSlabUnits ? nch : 0;
+    // opaque to ptxas, which otherwise rebuilds them from the thread index in every slab
+    asm volatile("" : "+r"(dst), "+r"(count_last));
   }
+  __device__ __forceinline__ static int stage_offset(int i) { return (i & (R::kStages - 1)) * R::kSlabBytes; }
   // Always commits a group (empty past the end), so the wait counts stay uniform.
-  __device__ __forceinline__ void load(int lane) {
-    if (to_load > 0) {
+  __device__ __forceinline__ void load() {
+    const uint32_t d = dst + stage_offset(loaded);
 #pragma unroll
-      for (int u = lane; u < R::kSlabUnits; u += 32) cp_async16(put + u * 16, src + u * 16);
+    for (int j = 0; j < kLoads; ++j) {
+      if (loaded < (j == kLoads - 1 ? count_last : count)) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + 512 * j), "l"(src + 512 * j));
+      }
     }
     cp_async_commit();
-    --to_load;
+    ++loaded;
     src += step;
-    put += R::kSlabBytes;
-    if (put == begin + R::kStages * R::kSlabBytes) put = begin;
   }
-  __device__ __forceinline__ const unsigned char* next() {
-    const unsigned char* st = get;
-    get += R::kSlabBytes;
-    if (get == begin + R::kStages * R::kSlabBytes) get = begin;
-    return st;
-  }
+  __device__ __forceinline__ const unsigned char* next() { return ring + stage_offset(got++); }
 };
 
 // cp.async of this block's raw x rows and suh slice (the per-block input transform), as one group.
@@ -544,9 +557,11 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
     load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
   }
   cp_async_commit();
-  SlabRing<K2> ring(p, smem + L.stage, c0, nch, col_chunk, warp);
+  // slab i of the warp: k-tile row 8 * c0 + warp + kWarps * i
+  const int my_slabs = (8 * nch - warp + kWarps - 1) / kWarps;
+  SlabRing<K2> ring(p, smem + L.stage, 8 * c0 + warp, kWarps, my_slabs, col_chunk, warp, lane);
 #pragma unroll
-  for (int i = 0; i < R::kStages - 1; ++i) ring.load(lane);
+  for (int i = 0; i < R::kStages - 1; ++i) ring.load();
   cp_async_wait<R::kStages - 1>();  // the x group has landed for this thread
   __syncthreads();                  // ... and for every thread
 
@@ -592,11 +607,11 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 #pragma unroll
   for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
-  for (int i = 0; i < nch; ++i) {
+  for (int i = 0; i < my_slabs; ++i) {
     cp_async_wait<R::kStages - 2>();
     __syncwarp();
-    ring.load(lane);
-    const int sl = warp + 8 * i;
+    ring.load();
+    const int sl = warp + kWarps * i;
     uint2 b = make_uint2(0u, 0u);
     if (has_row) b = xfrag[(sl * m + g) * 4 + (lane & 3)];
     // B fragments: b = (x'[2c], x'[2c+1]), (x'[2c+8], x'[2c+9]) for row g (see TileDecoder)
@@ -663,7 +678,6 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // built: rows 5..8 run faster on the fp16 kernel (see find_kernel).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
-constexpr int kRegChunks = kMaxChunksPerBlockI8 / kWarps;  // one row's x' chunks a warp keeps in registers
 
 // x' in fp32 (xprime_values); returns max |x'| over the chunk (every lane gets it).
 __device__ __forceinline__ float xprime_f32(uint2 xv, uint2 sv, float (&v)[4], int lane) {
@@ -732,73 +746,77 @@ struct XprepI8 {
   }
 };
 
-// The one-row prologue of the integer kernel: a warp's H chunks of x' stay in registers; one barrier for the row's
-// maximum, then each warp quantises and packs its own chunks by shuffles (an fp32 round trip through shared
-// memory and a barrier per step cost ~2 us of prologue, kernels/PERF.md run 24).
-template <int H, int G>
-__device__ __forceinline__ void one_row_prologue(unsigned char* smem, const SmemI8& L, int nch, int warp, int lane,
-                                               int tid, int* qsum, float* row_d) {
-  __shared__ float wmax[kWarps];
-  __shared__ int wq[kWarps];
-  const uint2* xr = reinterpret_cast<const uint2*>(smem + L.xraw) + lane;
-  const uint2* sr = reinterpret_cast<const uint2*>(smem + L.suh) + lane;
-  // Branch-free over the H chunks, so their shuffle chains interleave: a chunk past the end recomputes the last
-  // one and is ignored.
+// The one-row prologue of the integer kernel, done by each warp for itself: a warp decodes the contiguous run of
+// the block's slabs [s0, s0 + n) (k-tile rows 8*c0 + s0 ...), so it needs x' only for the H or fewer 128-chunks
+// that run touches. It loads their x and suh straight into registers, transforms them, quantises them with a scale
+// of its own (its maximum |x'|) and packs the B words of its own slabs, with no block barrier: the warp's sums are
+// scaled back at the end (x' = d * q). Waiting for the whole block's x' and its maximum cost two barriers and ~3.5 us
+// before the first mma (kernels/PERF.md run 29). Returns d; *qs = the sum of q over the warp's slabs (the k_bias
+// term). The trellis ring starts loading between the x loads and the transform.
+template <int H, int K2>
+__device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, SlabRing<K2>& ring, int c0, int s0,
+                                               int n, int lane, int* qs_out) {
+  const int cfirst = s0 >> 3, clast = (s0 + n - 1) >> 3;  // chunks (of the block) this warp's slabs lie in
+  uint2 xv[H], sv[H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    const size_t off = static_cast<size_t>(c0 + min(cfirst + h, clast)) * 128 + 4 * lane;  // past clast: a repeat
+    xv[h] = *reinterpret_cast<const uint2*>(p.x + off);
+    sv[h] = *reinterpret_cast<const uint2*>(p.suh + off);
+  }
+#pragma unroll
+  for (int i = 0; i < Rate<K2>::kStages - 1; ++i) ring.load();
+  EXL3_STAMP(2);
+  // Branch-free over the H chunks, so their shuffle chains interleave.
   float v[H][4];
   float mx = 0.0f;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-    const int ch = min(warp + kWarps * h, nch - 1);
-    const float mh = xprime_f32(xr[ch * 32], sr[ch * 32], v[h], lane);
-    if (warp + kWarps * h < nch) mx = fmaxf(mx, mh);
+    xprime_values(xv[h], sv[h], v[h], lane);
+    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
   }
-  if (lane == 0) wmax[warp] = mx;
-  __syncthreads();
-  float amax = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, wmax[w]);
-  const float inv = amax > 0.0f ? kQMax / amax : 0.0f;
-  uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
+  for (int mask = 16; mask > 0; mask >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, mask));
+  const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
   const int c = lane & 3, sl = lane >> 2;
   const int src_a = (lane & ~3) + (c >> 1), src_b = src_a + 2;  // lanes holding k = 2c, 2c+1 and 2c+8, 2c+9
   const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
   int qs = 0;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-    const int ch = warp + kWarps * h;
-    const bool valid = ch < nch;  // warp-uniform
-    uint32_t hp = 0, lp = 0;      // this lane's 4 elements as hi and lo bytes
+    // this lane's 4 elements lie in slab 8 * chunk + sl (16 elements per slab), as do the words it writes
+    const int slab = 8 * (cfirst + h) + sl;
+    const bool mine = cfirst + h <= clast && slab >= s0 && slab < s0 + n;
+    uint32_t hp = 0, lp = 0;  // this lane's 4 elements as hi and lo bytes
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int q = __float2int_rn(v[h][j] * inv);
       const int hi = (q + 128) >> 8;
-      if (valid) qs += q;
+      if (mine) qs += q;
       hp |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
       lp |= static_cast<uint32_t>((q - (hi << 8)) & 0xFF) << (8 * j);
     }
     const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
     const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
-    if (valid) {
-      uint32_t* dst = xq + (8 * ch + sl) * G * 32 + c;
+    if (mine) {
+      uint32_t* dst = xq + slab * 32 + c;
       dst[0] = __byte_perm(ha, hb, sel);
       dst[4] = __byte_perm(la, lb, sel);
     }
   }
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
-  if (lane == 0) wq[warp] = qs;
-  __syncthreads();
-  if (tid == 0) {
-    int q = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) q += wq[w];
-    qsum[0] = q;
-    row_d[0] = amax / kQMax;
-  }
+  *qs_out = qs;
+  __syncwarp();
+  return mx / kQMax;
 }
 
+// Chunks of x' the warp prologue computes for runs of n slabs: exactly n / 8 when runs start on chunk boundaries
+// (n a multiple of 8), else up to n / 8 + 2.
+__host__ __device__ constexpr int warp_chunks(int n) { return n % 8 == 0 ? n / 8 : n / 8 + 2; }
+
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
-// that chunk.
+// that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
 template <int K2, int G>
 __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* smem, int col_chunk, int c0, int nch,
                                            int slot, int contributors) {
@@ -808,100 +826,122 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   const int lane = tid & 31;
   const int m = p.m;
   const bool prepped = p.xprep != nullptr;
-  const SmemI8 L(m, G, p.max_chunks, R::kStages * R::kSlabBytes, prepped);
-  SlabRing<K2> ring(p, smem + L.stage, c0, nch, col_chunk, warp);
+  const bool per_warp = !prepped && m == 1;  // one row: each warp prepares its own x' (warp_prologue)
+  const SmemI8 L(m, G, p.max_chunks, R::kStages * R::kSlabBytes, prepped || per_warp);
+  const int s0 = warp * 8 * nch / kWarps;            // this warp's run of the block's slabs: [s0, s0 + n)
+  const int n = (warp + 1) * 8 * nch / kWarps - s0;
+  SlabRing<K2> ring(p, smem + L.stage, 8 * c0 + s0, 1, n, col_chunk, warp, lane);
 
   __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this segment, as float bits (>= 0)
   __shared__ float row_d[kMaxRows];           // x' = d * q for this segment's rows
   __shared__ int qsum[kMaxRows];              // sum of q per row over this segment (the c0 term)
   __shared__ RowAffine ra;
-  if (tid < kMaxRows) {
-    rowmax_bits[tid] = 0u;
-    qsum[tid] = 0;
-  }
   EXL3_STAMP(1);
-  // The x side first, then only the first trellis slab: with the whole grid's rings filling at once, x queued
-  // behind ~6 MB of trellis reads (x-side wait 1.5-1.9 us, kernels/PERF.md run 22). The rest of the ring is
-  // issued once the x side is in.
-  if (!prepped) {
-    load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
-  } else {
-    // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
-    const XprepI8 X(m, p.ksplit, p.max_chunks, G);
-    const int units = nch * 64 * G;
-    const uint8_t* src = p.xprep + slot * X.split_bytes;
-    for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xq + u * 16, src + u * 16);
-    if (tid < m) {
-      const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
-      row_d[tid] = dq.x;
-      qsum[tid] = __float_as_int(dq.y);
-    }
-  }
-  cp_async_commit();
-  ring.load(lane);
-  cp_async_wait<1>();
-  __syncthreads();
-  EXL3_STAMP(2);
-
-  if (!prepped && m == 1 && nch <= kRegChunks * kWarps) {
-    // one row: as many register chunks per warp as this block needs (computing absent ones costs ~0.3 us)
-    if (nch <= kWarps) one_row_prologue<1, G>(smem, L, nch, warp, lane, tid, qsum, row_d);
-    else if (nch <= 2 * kWarps) one_row_prologue<2, G>(smem, L, nch, warp, lane, tid, qsum, row_d);
-    else one_row_prologue<kRegChunks, G>(smem, L, nch, warp, lane, tid, qsum, row_d);
-  } else if (!prepped) {
-    // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
-    float* xs = reinterpret_cast<float*>(smem + L.xs);
-    for (int it = warp; it < m * nch; it += kWarps) {
-      const int row = it % m, ch = it / m;
-      float v[4];
-      const float mx = xprime_f32(*reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8),
-                                  *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8), v, lane);
-      *reinterpret_cast<float4*>(xs + row * p.max_chunks * 128 + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
-      if (lane == 0) atomicMax(&rowmax_bits[row], __float_as_uint(mx));
-    }
-    __syncthreads();
+  float warp_d = 0.0f;  // per_warp: this warp's x' scale, and its sum of q
+  int warp_qs = 0;
+  if (per_warp) {
     uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
-    for (int it = warp; it < m * nch; it += kWarps) {
-      const int row = it % m, ch = it / m;
-      const float amax = __uint_as_float(rowmax_bits[row]);
-      const int qs = pack_chunk(xs + row * p.max_chunks * 128 + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch,
-                                G, row, lane);
-      if (lane == 0) atomicAdd(&qsum[row], qs);
+    // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
+    // (all runs do when 8 * nch / kWarps is a multiple of 8), any run at most n / 8 + 2
+    constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / kWarps;
+    const bool aligned = (8 * nch) % (8 * kWarps) == 0;
+    if (aligned && n <= 8) warp_d = warp_prologue<1, K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
+    else if (aligned && n <= 16) warp_d = warp_prologue<2, K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
+    else if (aligned) warp_d = warp_prologue<warp_chunks(kMaxRun), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
+    else if (n <= 8) warp_d = warp_prologue<warp_chunks(7), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
+    else if (n <= 16) warp_d = warp_prologue<warp_chunks(15), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
+    else warp_d = warp_prologue<warp_chunks(kMaxRun - 1), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
+    if (tid < m) {
+      ra.a[tid] = 1.0f;  // the warps' sums come scaled and with their k_bias share (see the end of the block)
+      ra.b[tid] = 0.0f;
     }
-    if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
-  }
+  } else {
+    if (tid < kMaxRows) {
+      rowmax_bits[tid] = 0u;
+      qsum[tid] = 0;
+    }
+    // The x side first, then only the first trellis slab: with the whole grid's rings filling at once, x queued
+    // behind ~6 MB of trellis reads (x-side wait 1.5-1.9 us, kernels/PERF.md run 22). The rest of the ring is
+    // issued once the x side is in.
+    if (!prepped) {
+      load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
+    } else {
+      // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
+      const XprepI8 X(m, p.ksplit, p.max_chunks, G);
+      const int units = nch * 64 * G;
+      const uint8_t* src = p.xprep + slot * X.split_bytes;
+      for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xq + u * 16, src + u * 16);
+      if (tid < m) {
+        const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
+        row_d[tid] = dq.x;
+        qsum[tid] = __float_as_int(dq.y);
+      }
+    }
+    cp_async_commit();
+    ring.load();
+    cp_async_wait<1>();
+    __syncthreads();
+    EXL3_STAMP(2);
+    if (!prepped) {
+      // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
+      float* xs = reinterpret_cast<float*>(smem + L.xs);
+      for (int it = warp; it < m * nch; it += kWarps) {
+        const int row = it % m, ch = it / m;
+        float v[4];
+        const float mx = xprime_f32(*reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8),
+                                    *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8), v, lane);
+        *reinterpret_cast<float4*>(xs + row * p.max_chunks * 128 + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        if (lane == 0) atomicMax(&rowmax_bits[row], __float_as_uint(mx));
+      }
+      __syncthreads();
+      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
+      for (int it = warp; it < m * nch; it += kWarps) {
+        const int row = it % m, ch = it / m;
+        const float amax = __uint_as_float(rowmax_bits[row]);
+        const int qs = pack_chunk(xs + row * p.max_chunks * 128 + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch,
+                                  G, row, lane);
+        if (lane == 0) atomicAdd(&qsum[row], qs);
+      }
+      if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
+    }
 #pragma unroll
-  for (int i = 1; i < R::kStages - 1; ++i) ring.load(lane);
-  __syncthreads();
+    for (int i = 1; i < R::kStages - 1; ++i) ring.load();
+    __syncthreads();
+    if (tid < m) {
+      const float d = row_d[tid];
+      ra.a[tid] = d * kMul1Inv;
+      ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
+    }
+  }
 
   // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
   EXL3_STAMP(3);
   const LaneWindow<K2> lw(lane);
   const int g = lane >> 2;
-  const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + warp * G * 32 + lane;
-  bool has[G];
-#pragma unroll
-  for (int cg = 0; cg < G; ++cg) has[cg] = 4 * cg + (g >> 1) < m;
+  // Lanes whose B column belongs to no row read whatever the x' area holds there: their column only reaches C
+  // columns of absent rows, which the end of the block ignores (integer sums: garbage cannot trap). No per-slab
+  // predicate, then.
+  const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32 + lane;
   int acc[G][8][4];
 #pragma unroll
   for (int cg = 0; cg < G; ++cg)
 #pragma unroll
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
-  for (int i = 0; i < nch; ++i) {
+  for (int i = 0; i < n; ++i) {
     cp_async_wait<R::kStages - 2>();
     __syncwarp();
-    ring.load(lane);
+    ring.load();
     uint32_t be0[G], be1[G], bo0[G], bo1[G];
 #pragma unroll
     for (int cg = 0; cg < G; ++cg) {
-      const uint32_t w = has[cg] ? xqp[cg * 32] : 0u;
+      const uint32_t w = xqp[cg * 32];
       be0[cg] = __byte_perm(w, 0u, 0x0000);  // x'[2c] in all four bytes
       bo0[cg] = __byte_perm(w, 0u, 0x1111);  // x'[2c+1]
       be1[cg] = __byte_perm(w, 0u, 0x2222);  // x'[2c+8]
       bo1[cg] = __byte_perm(w, 0u, 0x3333);  // x'[2c+9]
     }
-    xqp += 8 * G * 32;  // this warp's next slab is 8 slabs on
+    xqp += G * 32;
     const unsigned char* st = ring.next();
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -926,19 +966,19 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     for (int cg = 0; cg < G; ++cg) {
       const int row = 4 * cg + c;
       if (row < m) {
+        // per_warp: z = d_w * (k_inv * s + C0 * sum of q) for this warp's share; otherwise the block's affine (ra)
+        const float sa = per_warp ? warp_d * kMul1Inv : 1.0f;
+        const float sb = per_warp ? warp_d * kMul1C0 * static_cast<float>(warp_qs) : 0.0f;
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int n = 16 * t + g;
-          red[(warp * m + row) * kRedStride + n] = fmaf(256.0f, static_cast<float>(acc[cg][t][0]), static_cast<float>(acc[cg][t][1]));
-          red[(warp * m + row) * kRedStride + n + 8] = fmaf(256.0f, static_cast<float>(acc[cg][t][2]), static_cast<float>(acc[cg][t][3]));
+          red[(warp * m + row) * kRedStride + n] =
+              fmaf(sa, fmaf(256.0f, static_cast<float>(acc[cg][t][0]), static_cast<float>(acc[cg][t][1])), sb);
+          red[(warp * m + row) * kRedStride + n + 8] =
+              fmaf(sa, fmaf(256.0f, static_cast<float>(acc[cg][t][2]), static_cast<float>(acc[cg][t][3])), sb);
         }
       }
     }
-  }
-  if (tid < m) {
-    const float d = row_d[tid];
-    ra.a[tid] = d * kMul1Inv;
-    ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
   }
   finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors,
                p.partials + col_chunk * 128, static_cast<size_t>(m) * p.out_features, p.out_features);
@@ -1121,7 +1161,7 @@ int validate(const Exl3GemvParams* p, KernelInfo* k) {
 }
 
 int smem_for_chunks(const Exl3GemvParams* p, const KernelInfo& k, int max_chunks, bool prepped) {
-  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped).total;
+  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped || p->m == 1).total;
   return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp, prepped).total;
 }
 
