@@ -65,11 +65,14 @@ constexpr int kStampsEnd = kStamps - 1;
 #define EXL3_STAMP(k)
 #endif
 
-// Warps per block; -DEXL3_WARPS=16 (SPARKCTL_EXL3_NVCC_FLAGS) is there for timing more warps per multiprocessor.
-#ifndef EXL3_WARPS
-#define EXL3_WARPS 8
+// Warps per block of the fp16 kernel (two blocks per SM) and of the integer kernel (one block per SM). Four warps per
+// scheduler instead of two hide the decode's dependency latencies: 4096x14336 K=2 1 row 16.7 -> 14.9 us
+// (kernels/PERF.md run 30). -DEXL3_I8_WARPS=8 (SPARKCTL_EXL3_NVCC_FLAGS) is there for A/B timing.
+#ifndef EXL3_I8_WARPS
+#define EXL3_I8_WARPS 16
 #endif
-constexpr int kWarps = EXL3_WARPS;
+constexpr int kWarps = 8;
+constexpr int kWarpsI8 = EXL3_I8_WARPS;
 constexpr int kThreads = kWarps * 32;      // threads per block
 constexpr int kMaxRows = 8;                // the mma n8 dimension holds up to 8 input rows
 constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bounds the x' shared memory)
@@ -104,12 +107,19 @@ struct Rate {
   static constexpr int kFixedO = (((end(0) - 16) % 32) + 32) % 32;
   static constexpr int kNormWords = (kSpan + 31) / 32;
   static constexpr int kRawWords = kFixed ? (kFixedO + kSpan + 31) / 32 : kNormWords + 1;
-  // cp.async ring depth per warp: up to 32 KiB in flight per block (4 KiB per warp of 8), 2..8 stages, a power of
-  // two (SlabRing).
-  static constexpr int kStagesWanted = 32768 / EXL3_WARPS / kSlabBytes;
-  static constexpr int kStages = kStagesWanted >= 8 ? 8 : (kStagesWanted >= 4 ? 4 : 2);
   static_assert(kRawWords <= kTileWords, "window longer than a tile");
 };
+
+// cp.async ring depth per warp for blocks of NW warps: up to EXL3_RING_KB KiB in flight per block (32: 4 KiB per
+// warp of 8), 2..8 stages, a power of two (SlabRing).
+#ifndef EXL3_RING_KB
+#define EXL3_RING_KB 32
+#endif
+template <int K2, int NW>
+__host__ __device__ constexpr int ring_stages() {
+  constexpr int per_warp = EXL3_RING_KB * 1024 / NW / Rate<K2>::kSlabBytes;
+  return per_warp >= 8 ? 8 : (per_warp >= 4 ? 4 : 2);
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Small device helpers
@@ -369,6 +379,7 @@ struct RowAffine {
 // finish = 128-point output Hadamard, then * svh, rounded once to fp16.
 // `part` points at this column chunk's partial sums: slot s, row r, column n at part[s * slot_stride + r * row_stride
 // + n]; `slot` is this block's, `contributors` the number of blocks adding to the chunk.
+template <int NW>
 __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, float* zsum, const RowAffine& ra,
                                              int col_chunk, int slot, int contributors, float* part,
                                              size_t slot_stride, size_t row_stride) {
@@ -377,11 +388,11 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
   __syncthreads();
   const int n0 = col_chunk * 128;
   const int out = p.out_features;
-  for (int idx = tid; idx < m * 128; idx += kThreads) {
+  for (int idx = tid; idx < m * 128; idx += NW * 32) {
     const int row = idx >> 7, n = idx & 127;
     float s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[(w * m + row) * kRedStride + n];
+    for (int w = 0; w < NW; ++w) s += red[(w * m + row) * kRedStride + n];
     s = ra.a[row] * s + ra.b[row];
     if (contributors == 1) zsum[idx] = s;
     else part[slot * slot_stride + row * row_stride + n] = s;
@@ -403,7 +414,7 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
       EXL3_STAMP(kStampsEnd);
       return;
     }
-    for (int idx = tid; idx < m * 128; idx += kThreads) {
+    for (int idx = tid; idx < m * 128; idx += NW * 32) {
       const int row = idx >> 7, n = idx & 127;
       float s = 0.0f;
       for (int sp = 0; sp < contributors; ++sp) s += __ldcg(part + sp * slot_stride + row * row_stride + n);
@@ -434,9 +445,10 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
 // integer kernel's K=2 main loop spends ~12 instructions per slab on the ring and the x' words instead of ~38
 // (kernels/PERF.md run 29): pointer compares and selects, and lane offsets that ptxas recomputed from the thread
 // index every slab, were a sixth of the loop.
-template <int K2>
+template <int K2, int NW>
 struct SlabRing {
   using R = Rate<K2>;
+  static constexpr int kStages = ring_stages<K2, NW>();
   static constexpr int kLoads = (R::kSlabUnits + 31) / 32;  // 16-byte loads per lane and slab (the last partial)
   const unsigned char* ring;  // this warp's ring (reads)
   uint32_t dst;               // shared address of this warp's ring + 16 * lane (loads)
@@ -449,7 +461,7 @@ struct SlabRing {
   // `count` slabs at k-tile rows first_row, first_row + row_stride, ...
   __device__ __forceinline__ SlabRing(const KernelArgs& p, unsigned char* ring_base, int first_row, int row_stride,
                                       int nch, int col_chunk, int warp, int lane)
-      : ring(ring_base + warp * (R::kStages * R::kSlabBytes)), loaded(0), got(0), count(nch) {
+      : ring(ring_base + warp * (kStages * R::kSlabBytes)), loaded(0), got(0), count(nch) {
     const size_t tiles_n = static_cast<size_t>(p.out_features >> 4);
     src = p.trellis + (static_cast<size_t>(first_row) * tiles_n + 8 * col_chunk) * R::kTileBytes + 16 * lane;
     step = row_stride * tiles_n * R::kTileBytes;
@@ -458,7 +470,7 @@ struct SlabRing {
     // opaque to ptxas, which otherwise rebuilds them from the thread index in every slab
     asm volatile("" : "+r"(dst), "+r"(count_last));
   }
-  __device__ __forceinline__ static int stage_offset(int i) { return (i & (R::kStages - 1)) * R::kSlabBytes; }
+  __device__ __forceinline__ static int stage_offset(int i) { return (i & (kStages - 1)) * R::kSlabBytes; }
   // Always commits a group (empty past the end), so the wait counts stay uniform.
   __device__ __forceinline__ void load() {
     const uint32_t d = dst + stage_offset(loaded);
@@ -476,11 +488,12 @@ struct SlabRing {
 };
 
 // cp.async of this block's raw x rows and suh slice (the per-block input transform), as one group.
+template <int NW>
 __device__ __forceinline__ void load_x_suh(const KernelArgs& p, unsigned char* xraw, unsigned char* suh, int c0,
                                            int nch) {
   const int units_per_row = 16 * nch;  // 16-byte units of 128*nch fp16
   const int units = (p.m + 1) * units_per_row;
-  for (int u = threadIdx.x; u < units; u += kThreads) {
+  for (int u = threadIdx.x; u < units; u += NW * 32) {
     const int row = u / units_per_row;
     const int within = u - row * units_per_row;
     if (row < p.m) {
@@ -541,7 +554,8 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
   const int c0 = static_cast<int>(static_cast<long long>(split) * n_chunks_k / p.ksplit);
   const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_chunks_k / p.ksplit);
   const int nch = c1 - c0;  // 128-row chunks of this block; each warp handles exactly nch slabs
-  const SmemLayout L(m, p.max_chunks, R::kStages * R::kSlabBytes, p.xprep != nullptr);
+  using Ring = SlabRing<K2, kWarps>;
+  const SmemLayout L(m, p.max_chunks, Ring::kStages * R::kSlabBytes, p.xprep != nullptr);
 
   // Programmatic dependent launch: wait for the previous kernel before touching ANY global memory, the trellis
   // included (only the wait makes the previous kernel's writes visible, and weights may have just been written).
@@ -554,15 +568,15 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
     const uint8_t* src = p.xprep + static_cast<size_t>(c0) * 8 * m * 32;
     for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xfrag + u * 16, src + u * 16);
   } else {
-    load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
+    load_x_suh<kWarps>(p, smem + L.xraw, smem + L.suh, c0, nch);
   }
   cp_async_commit();
   // slab i of the warp: k-tile row 8 * c0 + warp + kWarps * i
   const int my_slabs = (8 * nch - warp + kWarps - 1) / kWarps;
-  SlabRing<K2> ring(p, smem + L.stage, 8 * c0 + warp, kWarps, my_slabs, col_chunk, warp, lane);
+  Ring ring(p, smem + L.stage, 8 * c0 + warp, kWarps, my_slabs, col_chunk, warp, lane);
 #pragma unroll
-  for (int i = 0; i < R::kStages - 1; ++i) ring.load();
-  cp_async_wait<R::kStages - 1>();  // the x group has landed for this thread
+  for (int i = 0; i < Ring::kStages - 1; ++i) ring.load();
+  cp_async_wait<Ring::kStages - 1>();  // the x group has landed for this thread
   __syncthreads();                  // ... and for every thread
 
   // --- input side: x' = had128(x * suh) / sqrt(128), stored as mma B fragments ---------------------------------
@@ -608,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
   for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
   for (int i = 0; i < my_slabs; ++i) {
-    cp_async_wait<R::kStages - 2>();
+    cp_async_wait<Ring::kStages - 2>();
     __syncwarp();
     ring.load();
     const int sl = warp + kWarps * i;
@@ -657,7 +671,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
       }
     }
   }
-  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, p.partials + col_chunk * 128,
+  finish_block<kWarps>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, p.partials + col_chunk * 128,
                static_cast<size_t>(m) * p.out_features, p.out_features);
 }
 
@@ -719,7 +733,7 @@ struct SmemI8 {
   int xq, xs, xraw, suh, stage, red, zsum, total;
   // xq: [slab][group][lane] packed x' bytes; xs: [row][chunks*128] fp32 x' (fused); xraw/suh: raw x and suh (fused)
   // xq is written only after the transform has consumed raw x and suh, so it shares their bytes.
-  __host__ __device__ SmemI8(int m, int groups, int max_chunks, int stage_bytes_per_warp, bool prepped) {
+  __host__ __device__ SmemI8(int m, int groups, int max_chunks, int stage_bytes_per_warp, bool prepped, int warps) {
     xq = 0;
     xraw = 0;
     suh = xraw + (prepped ? 0 : m * max_chunks * 256);
@@ -727,9 +741,9 @@ struct SmemI8 {
     const int xq_end = xq + max_chunks * 8 * groups * 128;
     xs = raw_end > xq_end ? raw_end : xq_end;
     stage = xs + (prepped ? 0 : m * max_chunks * 512);
-    const int main_end = stage + kWarps * stage_bytes_per_warp;
+    const int main_end = stage + warps * stage_bytes_per_warp;
     red = 0;
-    zsum = red + kWarps * m * kRedStride * 4;
+    zsum = red + warps * m * kRedStride * 4;
     const int red_end = zsum + m * 128 * 4;
     total = main_end > red_end ? main_end : red_end;
   }
@@ -746,26 +760,26 @@ struct XprepI8 {
   }
 };
 
-// The one-row prologue of the integer kernel, done by each warp for itself: a warp decodes the contiguous run of
-// the block's slabs [s0, s0 + n) (k-tile rows 8*c0 + s0 ...), so it needs x' only for the H or fewer 128-chunks
-// that run touches. It loads their x and suh straight into registers, transforms them, quantises them with a scale
-// of its own (its maximum |x'|) and packs the B words of its own slabs, with no block barrier: the warp's sums are
-// scaled back at the end (x' = d * q). Waiting for the whole block's x' and its maximum cost two barriers and ~3.5 us
-// before the first mma (kernels/PERF.md run 29). Returns d; *qs = the sum of q over the warp's slabs (the k_bias
-// term). The trellis ring starts loading between the x loads and the transform.
-template <int H, int K2>
-__device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, SlabRing<K2>& ring, int c0, int s0,
-                                               int n, int lane, int* qs_out) {
-  const int cfirst = s0 >> 3, clast = (s0 + n - 1) >> 3;  // chunks (of the block) this warp's slabs lie in
+// The one-row prologue of the integer kernel, done by each warp for itself: the warp needs x' only for the 128-chunks
+// its run of n slabs (k-tile rows r0 .. r0+n-1, n >= 1) touches (at most H). It loads their x and suh straight into
+// registers, transforms them, quantises them with a scale of its own (its maximum |x'|) and packs the B words of its
+// own slabs (slab j of the run at xq[32 j]), with no block barrier: the warp's sums are scaled back at the end
+// (x' = d * q). Waiting for the whole block's x' and its maximum cost two barriers and ~3.5 us before the first mma
+// (kernels/PERF.md run 29). Returns d; *qs_out = the sum of q over the run (the k_bias term). The trellis ring
+// starts loading between the x loads and the transform.
+template <int H, typename Ring>
+__device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n, int lane,
+                                               int* qs_out) {
+  const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;  // the chunks of x the run lies in
   uint2 xv[H], sv[H];
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-    const size_t off = static_cast<size_t>(c0 + min(cfirst + h, clast)) * 128 + 4 * lane;  // past clast: a repeat
+    const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 4 * lane;  // past clast: a repeat
     xv[h] = *reinterpret_cast<const uint2*>(p.x + off);
     sv[h] = *reinterpret_cast<const uint2*>(p.suh + off);
   }
 #pragma unroll
-  for (int i = 0; i < Rate<K2>::kStages - 1; ++i) ring.load();
+  for (int i = 0; i < Ring::kStages - 1; ++i) ring.load();
   EXL3_STAMP(2);
   // Branch-free over the H chunks, so their shuffle chains interleave.
   float v[H][4];
@@ -784,9 +798,9 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
   int qs = 0;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-    // this lane's 4 elements lie in slab 8 * chunk + sl (16 elements per slab), as do the words it writes
-    const int slab = 8 * (cfirst + h) + sl;
-    const bool mine = cfirst + h <= clast && slab >= s0 && slab < s0 + n;
+    // this lane's 4 elements lie in k-tile row 8 * chunk + sl (16 elements per row), as do the words it writes
+    const int row = 8 * (cfirst + h) + sl;
+    const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
     uint32_t hp = 0, lp = 0;  // this lane's 4 elements as hi and lo bytes
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -799,7 +813,7 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
     const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
     const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
     if (mine) {
-      uint32_t* dst = xq + slab * 32 + c;
+      uint32_t* dst = xq + (row - r0) * 32 + c;
       dst[0] = __byte_perm(ha, hb, sel);
       dst[4] = __byte_perm(la, lb, sel);
     }
@@ -815,121 +829,14 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 // (n a multiple of 8), else up to n / 8 + 2.
 __host__ __device__ constexpr int warp_chunks(int n) { return n % 8 == 0 ? n / 8 : n / 8 + 2; }
 
-// One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
-// that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
-template <int K2, int G>
-__device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* smem, int col_chunk, int c0, int nch,
-                                           int slot, int contributors) {
+// The main loop of the integer kernel: `count` slabs from the warp's ring, 8 tiles each, their hashes straight into
+// the integer mma against the B words at xqp (G * 32 words per slab; advanced past them).
+template <int K2, int G, typename Ring>
+__device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint32_t*& xqp,
+                                         int (&acc)[G][8][4], int count) {
   using R = Rate<K2>;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int m = p.m;
-  const bool prepped = p.xprep != nullptr;
-  const bool per_warp = !prepped && m == 1;  // one row: each warp prepares its own x' (warp_prologue)
-  const SmemI8 L(m, G, p.max_chunks, R::kStages * R::kSlabBytes, prepped || per_warp);
-  const int s0 = warp * 8 * nch / kWarps;            // this warp's run of the block's slabs: [s0, s0 + n)
-  const int n = (warp + 1) * 8 * nch / kWarps - s0;
-  SlabRing<K2> ring(p, smem + L.stage, 8 * c0 + s0, 1, n, col_chunk, warp, lane);
-
-  __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this segment, as float bits (>= 0)
-  __shared__ float row_d[kMaxRows];           // x' = d * q for this segment's rows
-  __shared__ int qsum[kMaxRows];              // sum of q per row over this segment (the c0 term)
-  __shared__ RowAffine ra;
-  EXL3_STAMP(1);
-  float warp_d = 0.0f;  // per_warp: this warp's x' scale, and its sum of q
-  int warp_qs = 0;
-  if (per_warp) {
-    uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
-    // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
-    // (all runs do when 8 * nch / kWarps is a multiple of 8), any run at most n / 8 + 2
-    constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / kWarps;
-    const bool aligned = (8 * nch) % (8 * kWarps) == 0;
-    if (aligned && n <= 8) warp_d = warp_prologue<1, K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
-    else if (aligned && n <= 16) warp_d = warp_prologue<2, K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
-    else if (aligned) warp_d = warp_prologue<warp_chunks(kMaxRun), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
-    else if (n <= 8) warp_d = warp_prologue<warp_chunks(7), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
-    else if (n <= 16) warp_d = warp_prologue<warp_chunks(15), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
-    else warp_d = warp_prologue<warp_chunks(kMaxRun - 1), K2>(p, xq, ring, c0, s0, n, lane, &warp_qs);
-    if (tid < m) {
-      ra.a[tid] = 1.0f;  // the warps' sums come scaled and with their k_bias share (see the end of the block)
-      ra.b[tid] = 0.0f;
-    }
-  } else {
-    if (tid < kMaxRows) {
-      rowmax_bits[tid] = 0u;
-      qsum[tid] = 0;
-    }
-    // The x side first, then only the first trellis slab: with the whole grid's rings filling at once, x queued
-    // behind ~6 MB of trellis reads (x-side wait 1.5-1.9 us, kernels/PERF.md run 22). The rest of the ring is
-    // issued once the x side is in.
-    if (!prepped) {
-      load_x_suh(p, smem + L.xraw, smem + L.suh, c0, nch);
-    } else {
-      // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
-      const XprepI8 X(m, p.ksplit, p.max_chunks, G);
-      const int units = nch * 64 * G;
-      const uint8_t* src = p.xprep + slot * X.split_bytes;
-      for (int u = tid; u < units; u += kThreads) cp_async16(smem + L.xq + u * 16, src + u * 16);
-      if (tid < m) {
-        const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
-        row_d[tid] = dq.x;
-        qsum[tid] = __float_as_int(dq.y);
-      }
-    }
-    cp_async_commit();
-    ring.load();
-    cp_async_wait<1>();
-    __syncthreads();
-    EXL3_STAMP(2);
-    if (!prepped) {
-      // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
-      float* xs = reinterpret_cast<float*>(smem + L.xs);
-      for (int it = warp; it < m * nch; it += kWarps) {
-        const int row = it % m, ch = it / m;
-        float v[4];
-        const float mx = xprime_f32(*reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8),
-                                    *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8), v, lane);
-        *reinterpret_cast<float4*>(xs + row * p.max_chunks * 128 + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
-        if (lane == 0) atomicMax(&rowmax_bits[row], __float_as_uint(mx));
-      }
-      __syncthreads();
-      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
-      for (int it = warp; it < m * nch; it += kWarps) {
-        const int row = it % m, ch = it / m;
-        const float amax = __uint_as_float(rowmax_bits[row]);
-        const int qs = pack_chunk(xs + row * p.max_chunks * 128 + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch,
-                                  G, row, lane);
-        if (lane == 0) atomicAdd(&qsum[row], qs);
-      }
-      if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
-    }
-#pragma unroll
-    for (int i = 1; i < R::kStages - 1; ++i) ring.load();
-    __syncthreads();
-    if (tid < m) {
-      const float d = row_d[tid];
-      ra.a[tid] = d * kMul1Inv;
-      ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
-    }
-  }
-
-  // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
-  EXL3_STAMP(3);
-  const LaneWindow<K2> lw(lane);
-  const int g = lane >> 2;
-  // Lanes whose B column belongs to no row read whatever the x' area holds there: their column only reaches C
-  // columns of absent rows, which the end of the block ignores (integer sums: garbage cannot trap). No per-slab
-  // predicate, then.
-  const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32 + lane;
-  int acc[G][8][4];
-#pragma unroll
-  for (int cg = 0; cg < G; ++cg)
-#pragma unroll
-    for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
-
-  for (int i = 0; i < n; ++i) {
-    cp_async_wait<R::kStages - 2>();
+  for (int i = 0; i < count; ++i) {
+    cp_async_wait<Ring::kStages - 2>();
     __syncwarp();
     ring.load();
     uint32_t be0[G], be1[G], bo0[G], bo1[G];
@@ -954,6 +861,126 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       }
     }
   }
+}
+
+// One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
+// that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
+template <int K2, int G, int NW>
+__device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* smem, int col_chunk, int c0, int nch,
+                                           int slot, int contributors) {
+  using R = Rate<K2>;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int m = p.m;
+  const bool prepped = p.xprep != nullptr;
+  const bool per_warp = !prepped && m == 1;  // one row: each warp prepares its own x' (warp_prologue)
+  using Ring = SlabRing<K2, NW>;
+  const SmemI8 L(m, G, p.max_chunks, Ring::kStages * R::kSlabBytes, prepped || per_warp, NW);
+  const int s0 = warp * 8 * nch / NW;            // this warp's run of the block's slabs: [s0, s0 + n)
+  const int n = (warp + 1) * 8 * nch / NW - s0;
+  Ring ring(p, smem + L.stage, 8 * c0 + s0, 1, n, col_chunk, warp, lane);
+
+  __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this segment, as float bits (>= 0)
+  __shared__ float row_d[kMaxRows];           // x' = d * q for this segment's rows
+  __shared__ int qsum[kMaxRows];              // sum of q per row over this segment (the c0 term)
+  __shared__ RowAffine ra;
+  EXL3_STAMP(1);
+  float warp_d = 0.0f;  // per_warp: this warp's x' scale, and its sum of q (0 for a warp without slabs)
+  int warp_qs = 0;
+  if (per_warp && n > 0) {
+    uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq) + s0 * 32;
+    const int r0 = 8 * c0 + s0;
+    // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
+    // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
+    constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
+    const bool aligned = (8 * nch) % (8 * NW) == 0;
+    if (aligned && n <= 8) warp_d = warp_prologue<1>(p, xq, ring, r0, n, lane, &warp_qs);
+    else if (aligned && n <= 16) warp_d = warp_prologue<2>(p, xq, ring, r0, n, lane, &warp_qs);
+    else if (aligned) warp_d = warp_prologue<warp_chunks(kMaxRun)>(p, xq, ring, r0, n, lane, &warp_qs);
+    else if (n <= 8) warp_d = warp_prologue<warp_chunks(7)>(p, xq, ring, r0, n, lane, &warp_qs);
+    else if (n <= 16) warp_d = warp_prologue<warp_chunks(15)>(p, xq, ring, r0, n, lane, &warp_qs);
+    else warp_d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, &warp_qs);
+  }
+  if (per_warp) {
+    if (tid < m) {
+      ra.a[tid] = 1.0f;  // the warps' sums come scaled and with their k_bias share (see the end of the block)
+      ra.b[tid] = 0.0f;
+    }
+  } else {
+    if (tid < kMaxRows) {
+      rowmax_bits[tid] = 0u;
+      qsum[tid] = 0;
+    }
+    // The x side first, then only the first trellis slab: with the whole grid's rings filling at once, x queued
+    // behind ~6 MB of trellis reads (x-side wait 1.5-1.9 us, kernels/PERF.md run 22). The rest of the ring is
+    // issued once the x side is in.
+    if (!prepped) {
+      load_x_suh<NW>(p, smem + L.xraw, smem + L.suh, c0, nch);
+    } else {
+      // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
+      const XprepI8 X(m, p.ksplit, p.max_chunks, G);
+      const int units = nch * 64 * G;
+      const uint8_t* src = p.xprep + slot * X.split_bytes;
+      for (int u = tid; u < units; u += (NW * 32)) cp_async16(smem + L.xq + u * 16, src + u * 16);
+      if (tid < m) {
+        const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
+        row_d[tid] = dq.x;
+        qsum[tid] = __float_as_int(dq.y);
+      }
+    }
+    cp_async_commit();
+    ring.load();
+    cp_async_wait<1>();
+    __syncthreads();
+    EXL3_STAMP(2);
+    if (!prepped) {
+      // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
+      float* xs = reinterpret_cast<float*>(smem + L.xs);
+      for (int it = warp; it < m * nch; it += NW) {
+        const int row = it % m, ch = it / m;
+        float v[4];
+        const float mx = xprime_f32(*reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8),
+                                    *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8), v, lane);
+        *reinterpret_cast<float4*>(xs + row * p.max_chunks * 128 + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        if (lane == 0) atomicMax(&rowmax_bits[row], __float_as_uint(mx));
+      }
+      __syncthreads();
+      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
+      for (int it = warp; it < m * nch; it += NW) {
+        const int row = it % m, ch = it / m;
+        const float amax = __uint_as_float(rowmax_bits[row]);
+        const int qs = pack_chunk(xs + row * p.max_chunks * 128 + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch,
+                                  G, row, lane);
+        if (lane == 0) atomicAdd(&qsum[row], qs);
+      }
+      if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
+    }
+#pragma unroll
+    for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
+    __syncthreads();
+    if (tid < m) {
+      const float d = row_d[tid];
+      ra.a[tid] = d * kMul1Inv;
+      ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
+    }
+  }
+
+  // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
+  EXL3_STAMP(3);
+  const LaneWindow<K2> lw(lane);
+  const int g = lane >> 2;
+  // Lanes whose B column belongs to no row read whatever the x' area holds there: their column only reaches C
+  // columns of absent rows, which the end of the block ignores (integer sums: garbage cannot trap). No per-slab
+  // predicate, then.
+  const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32 + lane;  // i8_slabs advances it
+  int acc[G][8][4];
+#pragma unroll
+  for (int cg = 0; cg < G; ++cg)
+#pragma unroll
+    for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
+
+  i8_slabs<K2, G>(ring, lw, xqp, acc, n);
   cp_async_wait<0>();
   __syncthreads();
   EXL3_STAMP(4);
@@ -980,7 +1007,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       }
     }
   }
-  finish_block(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors,
+  finish_block<NW>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors,
                p.partials + col_chunk * 128, static_cast<size_t>(m) * p.out_features, p.out_features);
 }
 
@@ -988,7 +1015,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 // equal runs of units crossing column chunks, balanced the main loops but paid the per-segment prologue and end
 // twice in most blocks: 22.3 us against 21.2, kernels/PERF.md run 23.)
 template <int K2, int G>
-__global__ void __launch_bounds__(kThreads, EXL3_I8_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kWarpsI8 * 32, EXL3_I8_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int n_k = p.in_features >> 7;
   const int split = blockIdx.y;
@@ -996,7 +1023,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_I8_MIN_BLOCKS) gemv_i8_kernel(c
   const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_k / p.ksplit);
   grid_dependency_wait();
   EXL3_STAMP(0);
-  i8_segment<K2, G>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
+  i8_segment<K2, G, kWarpsI8>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
 }
 
 // x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the fp16 GEMV reads: done once
@@ -1069,17 +1096,18 @@ typedef void (*KernelFn)(const KernelArgs);
 struct KernelInfo {
   KernelFn fn;
   int stage_bytes_per_warp;
-  int groups;  // 0 = the fp16 kernel; 1 or 2 = the integer kernel's column groups (4 rows each)
+  int groups;        // 0 = the fp16 kernel; 1 or 2 = the integer kernel's column groups (4 rows each)
+  int warps;  // per block
 };
 
 template <int K2, int CB>
 KernelInfo info_of() {
-  return KernelInfo{gemv_kernel<K2, CB>, Rate<K2>::kStages * Rate<K2>::kSlabBytes, 0};
+  return KernelInfo{gemv_kernel<K2, CB>, ring_stages<K2, kWarps>() * Rate<K2>::kSlabBytes, 0, kWarps};
 }
 
 template <int K2, int G>
 KernelInfo info_i8() {
-  return KernelInfo{gemv_i8_kernel<K2, G>, Rate<K2>::kStages * Rate<K2>::kSlabBytes, G};
+  return KernelInfo{gemv_i8_kernel<K2, G>, ring_stages<K2, kWarpsI8>() * Rate<K2>::kSlabBytes, G, kWarpsI8};
 }
 
 // mul1 goes through the integer kernel unless SPARKCTL_EXL3_MUL1_PATH=fp16 (kept for A/B timing and checks).
@@ -1093,12 +1121,21 @@ bool mul1_int_path() {
 bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
   // 5..8 rows would take a second column group (two more mmas per tile): measured slower than the fp16 kernel
   // (4096x14336 8 rows 30.7 against 28.3 us, kernels/PERF.md run 24), so they stay on it.
+#ifdef EXL3_I8_ROWS8
+  if (cb == 2 && m <= 8 && mul1_int_path()) {
+#define EXL3_I8(K2_)                                      \
+  if (k2 == K2_) {                                        \
+    *out = m <= 4 ? info_i8<K2_, 1>() : info_i8<K2_, 2>(); \
+    return true;                                          \
+  }
+#else
   if (cb == 2 && m <= 4 && mul1_int_path()) {
 #define EXL3_I8(K2_)                  \
   if (k2 == K2_) {                    \
     *out = info_i8<K2_, 1>();         \
     return true;                      \
   }
+#endif
     EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
     EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)
 #undef EXL3_I8
@@ -1161,7 +1198,7 @@ int validate(const Exl3GemvParams* p, KernelInfo* k) {
 }
 
 int smem_for_chunks(const Exl3GemvParams* p, const KernelInfo& k, int max_chunks, bool prepped) {
-  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped || p->m == 1).total;
+  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped || p->m == 1, k.warps).total;
   return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp, prepped).total;
 }
 
@@ -1214,7 +1251,7 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
 // Split-K choice (lo: the smallest split allowed): enough blocks that every multiprocessor gets two of them (one
 // block of 8 warps cannot hide the decode latency alone), balanced against the per-block fixed cost (x' prologue,
 // pipeline fill, reduction). Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2)
-// time units.
+// time units (two blocks of 8 warps share it), or b * (c + 1) for blocks of 16 warps (one at a time).
 int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chosen) {
   int sms = 0;
   const int st = sm_count(&sms);
@@ -1228,6 +1265,8 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chose
     *chosen = 1;
     return EXL3_OK;
   }
+  // Blocks of 16 warps (the integer kernel) run one per SM: the cost is then waves x work per block.
+  const bool one_per_sm = k.warps >= 16;
   int best = lo;
   double best_cost = 1e30;
   for (int ks = lo; ks <= n_chunks_k; ++ks) {
@@ -1236,7 +1275,7 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chose
     const long long blocks = static_cast<long long>(n_chunks_n) * ks;
     const long long per_sm = (blocks + sms - 1) / sms;
     const double unit = per_block + 1.0;
-    const double cost = per_sm * unit / 2.0 > unit ? per_sm * unit / 2.0 : unit;
+    const double cost = one_per_sm ? per_sm * unit : (per_sm * unit / 2.0 > unit ? per_sm * unit / 2.0 : unit);
     if (cost < best_cost - 1e-9) {
       best_cost = cost;
       best = ks;
@@ -1297,10 +1336,10 @@ extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* part
 
 namespace exl3 {
 
-cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, void** args) {
+cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, void** args, int threads = kWarps * 32) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   // Programmatic dependent launch: this kernel's blocks may be launched while the previous kernel drains; each
@@ -1363,11 +1402,12 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
     }
     if (e != cudaSuccess) return fail_cuda(e, "input-transform kernel launch");
   }
+  const void* fn = reinterpret_cast<const void*>(k.fn);
   const int smem = smem_for_chunks(p, k, sc.max_chunks, a.xprep != nullptr);
-  e = cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
   void* args[] = {&a};
-  e = launch(reinterpret_cast<const void*>(k.fn), dim3(p->out_features / 128, ks), smem, stream, args);
+  e = launch(fn, dim3(p->out_features / 128, ks), smem, stream, args, k.warps * 32);
   if (e != cudaSuccess) return fail_cuda(e, "kernel launch");
   return EXL3_OK;
 }
