@@ -1119,23 +1119,15 @@ bool mul1_int_path() {
 // The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
 // in both the fp16 and the integer kernel (one or two column groups).
 bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
-  // 5..8 rows would take a second column group (two more mmas per tile): measured slower than the fp16 kernel
-  // (4096x14336 8 rows 30.7 against 28.3 us, kernels/PERF.md run 24), so they stay on it.
-#ifdef EXL3_I8_ROWS8
-  if (cb == 2 && m <= 8 && mul1_int_path()) {
-#define EXL3_I8(K2_)                                      \
-  if (k2 == K2_) {                                        \
-    *out = m <= 4 ? info_i8<K2_, 1>() : info_i8<K2_, 2>(); \
-    return true;                                          \
-  }
-#else
+  // 5..8 rows would take a second column group (two more mmas per tile): no faster than the fp16 kernel (4096x14336
+  // 8 rows 25.5 against 26.6 us, 14336x4096 24.9-26.2 against 23.9, kernels/PERF.md runs 24 and 31), so they
+  // stay on it.
   if (cb == 2 && m <= 4 && mul1_int_path()) {
 #define EXL3_I8(K2_)                  \
   if (k2 == K2_) {                    \
     *out = info_i8<K2_, 1>();         \
     return true;                      \
   }
-#endif
     EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
     EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)
 #undef EXL3_I8
