@@ -6,34 +6,9 @@
 //     nvcc -O3 -std=c++17 -arch=sm_90 -DEXL3_TIMING -Ikernels/csrc -o /tmp/phase kernels/bench/phase_timing.cu
 //     /tmp/phase 4096 14336 4 2 1 [ksplit]      # I O k2 codebook rows [ksplit]
 #include "../csrc/exl3_gemv.cu"
+#include "gemv_case.cuh"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
-__global__ void fill_random(uint16_t* p, size_t n, uint32_t seed, int mode) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    if (mode == 0) p[i] = static_cast<uint16_t>(h);  // trellis: any bits
-    else {                                           // fp16 in about +-scale
-      const float u = (static_cast<float>(h & 0xFFFFFF) / 16777216.0f - 0.5f) * (mode == 1 ? 2.0f : 0.1f);
-      p[i] = __half_as_ushort(__float2half(u));
-    }
-  }
-}
 
 static double pct(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -45,49 +20,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s I O k2 codebook rows [ksplit]\n", argv[0]);
     return 2;
   }
-  Exl3GemvParams p{};
-  p.in_features = atoi(argv[1]);
-  p.out_features = atoi(argv[2]);
-  p.k2 = atoi(argv[3]);
-  p.codebook = atoi(argv[4]);
-  p.m = atoi(argv[5]);
-  p.ksplit = argc > 6 ? atoi(argv[6]) : 0;
-  int ks = 0;
-  size_t partial_floats = 0, xprep_halfs = 0;
-  int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
-  if (st != EXL3_OK) {
-    fprintf(stderr, "%s\n", exl3_gemv_error_string(st));
-    return 1;
-  }
-  p.ksplit = ks;
-  const int sets = 16;  // rotate weight sets so the trellis comes from HBM, as in a decode step
-  const size_t tbytes = static_cast<size_t>(p.in_features) * p.out_features * p.k2 / 8;
-  std::vector<void*> trellis(sets);
-  for (int i = 0; i < sets; ++i) {
-    CK(cudaMalloc(&trellis[i], tbytes));
-    fill_random<<<1024, 256>>>(static_cast<uint16_t*>(trellis[i]), tbytes / 2, 17 + i, 0);
-  }
-  void *x, *suh, *svh, *y, *xprep = nullptr;
-  float* partials = nullptr;
-  int* counters;
-  CK(cudaMalloc(&x, 2ull * p.m * p.in_features));
-  CK(cudaMalloc(&suh, 2ull * p.in_features));
-  CK(cudaMalloc(&svh, 2ull * p.out_features));
-  CK(cudaMalloc(&y, 2ull * p.m * p.out_features));
-  CK(cudaMalloc(&counters, 4 * 4096));
-  CK(cudaMemset(counters, 0, 4 * 4096));
-  if (partial_floats) CK(cudaMalloc(&partials, 4 * partial_floats));
-  if (xprep_halfs) CK(cudaMalloc(&xprep, 2 * xprep_halfs));
-  fill_random<<<64, 256>>>(static_cast<uint16_t*>(x), static_cast<size_t>(p.m) * p.in_features, 5, 1);
-  fill_random<<<64, 256>>>(static_cast<uint16_t*>(suh), p.in_features, 6, 2);
-  fill_random<<<64, 256>>>(static_cast<uint16_t*>(svh), p.out_features, 7, 2);
-  p.x = x;
-  p.suh = suh;
-  p.svh = svh;
-  p.y = y;
-  p.partials = partials;
-  p.counters = counters;
-  p.xprep = xprep;
+  GemvCase c(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), argc > 6 ? atoi(argv[6]) : 0);
+  const Exl3GemvParams& p = c.p;
+  const int ks = c.ksplit;
   const int blocks = (p.out_features / 128) * ks;
   unsigned long long* stamps;
   CK(cudaMalloc(&stamps, 8ull * exl3::kStamps * blocks));
@@ -97,15 +32,9 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   // warm-up, then time 64 back-to-back launches (stamps off), then one stamped launch
-  for (int i = 0; i < 8; ++i) {
-    p.trellis = trellis[i % sets];
-    if (exl3_gemv_launch(&p, s) != EXL3_OK) return 1;
-  }
+  for (int i = 0; i < 8; ++i) c.launch(i, s);
   CK(cudaEventRecord(e0, s));
-  for (int i = 0; i < 64; ++i) {
-    p.trellis = trellis[i % sets];
-    exl3_gemv_launch(&p, s);
-  }
+  for (int i = 0; i < 64; ++i) c.launch(i, s);
   CK(cudaEventRecord(e1, s));
   CK(cudaStreamSynchronize(s));
   float ms = 0;
@@ -114,8 +43,7 @@ int main(int argc, char** argv) {
   std::vector<double> pro, xload, prep, main_loop, tail, start, end;
   std::vector<unsigned long long> h(static_cast<size_t>(exl3::kStamps) * blocks);
   for (int rep = 0; rep < 3; ++rep) {
-    p.trellis = trellis[(9 + rep) % sets];
-    exl3_gemv_launch(&p, s);
+    c.launch(9 + rep, s);
     CK(cudaStreamSynchronize(s));
     CK(cudaMemcpy(h.data(), stamps, 8 * h.size(), cudaMemcpyDeviceToHost));
     unsigned long long g0 = ~0ull;

@@ -76,6 +76,42 @@ def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str)
     assert "0 spilling" in stdout
 
 
+def test_bench_drivers_compile(tmp_path: Path) -> None:
+    """The torch-free device drivers (A/B timing, phase timing, pipe rates) still build against the kernel source:
+    they are only run on the GPU machine, where a broken one would cost device time to find out."""
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    bench = KERNELS / "bench"
+    jobs = [
+        ("ab_time.cu", []),
+        ("phase_timing.cu", ["-DEXL3_TIMING"]),
+        ("pipes.cu", []),
+    ]
+    procs = [
+        subprocess.Popen(
+            [
+                NVCC,
+                "-std=c++17",
+                "-O1",
+                "-arch=sm_90",
+                f"-I{KERNELS / 'csrc'}",
+                *flags,
+                "-c",
+                str(bench / name),
+                "-o",
+                str(tmp_path / f"{name}.o"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, flags in jobs
+    ]
+    for (name, _), proc in zip(jobs, procs, strict=True):
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{name} does not compile:\n{out}"
+
+
 def test_build_reports_compile_errors(tmp_path: Path) -> None:
     """A broken kernel must fail the build with nvcc's message, not pass silently."""
     if NVCC is None:
