@@ -21,9 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psutil
+
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
+from sparkctl.runtimes.shm import held_segments, remove_leftovers
 from sparkctl.server.ports import listener, port_is_free
 
 if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
@@ -436,24 +439,46 @@ class DockerRuntime:
 
     @_daemon_errors
     def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
-        """Stop and remove the container, keeping its log in `state.log_path`. A gone one is fine."""
+        """Stop and remove the container, keeping its log in `state.log_path`. A gone one is fine. With the
+        host's IPC namespace, the shared memory its processes held and that outlives them is unlinked (shm.py):
+        their /dev/shm is the host's, and a SIGKILLed engine leaves its segments there."""
         from docker.errors import APIError, NotFound
 
         container = self._find(state)
         if container is None:
             return
+        segments = self._host_shm_segments(container)
         try:
             if container.status in ("running", "restarting", "paused"):
                 container.stop(timeout=max(1, int(timeout_s)))
             self._save_log(container, state)
             container.remove(force=True)
+            remove_leftovers(segments)
         except NotFound:
+            remove_leftovers(segments)
             return
         except APIError as exc:
             raise RuntimeFailure(
                 f"could not stop container {state.container_name or state.container_id}: {_api_text(exc)}",
                 hint=f"remove it by hand: docker rm -f {state.container_name or state.container_id}",
             ) from None
+
+    @staticmethod
+    def _host_shm_segments(container: Container) -> set[Path]:
+        """The host /dev/shm files the container's processes hold, when it shares the host's IPC namespace (seen
+        through /proc: needs the rights to read them, else nothing is found and nothing removed)."""
+        attrs = container.attrs
+        if (attrs.get("HostConfig") or {}).get("IpcMode") != "host":
+            return set()
+        pid = int((attrs.get("State") or {}).get("Pid") or 0)
+        if pid <= 0:
+            return set()
+        try:
+            init = psutil.Process(pid)
+            procs = [init, *init.children(recursive=True)]
+        except psutil.Error:
+            return set()
+        return held_segments(procs)
 
     @staticmethod
     def _save_log(container: Container, state: ServerState) -> None:

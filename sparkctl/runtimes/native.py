@@ -28,6 +28,7 @@ from sparkctl.errors import RuntimeFailure
 from sparkctl.planner.types import Plan
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
+from sparkctl.runtimes.shm import held_segments, remove_leftovers
 
 # psutil derives start times from the boot time and the kernel's clock ticks (10 ms), so two reads of
 # the same process agree exactly; the slack only absorbs float formatting in the state file.
@@ -111,8 +112,10 @@ class NativeRuntime:
         return None if child is None else child.poll()
 
     def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
-        """SIGTERM the process group, wait up to `timeout_s`, then SIGKILL what is left. Idempotent."""
+        """SIGTERM the process group, wait up to `timeout_s`, then SIGKILL what is left, and unlink the shared
+        memory the server held that outlived it (shm.py). Idempotent."""
         members = self._members(state)
+        segments = held_segments(members)
         if members:
             self._signal(state, members, signal.SIGTERM)
             members = self._wait_gone(state, members, timeout_s)
@@ -120,6 +123,8 @@ class NativeRuntime:
             self._signal(state, members, signal.SIGKILL)
             members = self._wait_gone(state, members, 10.0)
         self._reap(state)
+        if not members:
+            remove_leftovers(segments)
         if members:
             names = ", ".join(f"{p.pid}" for p in members)
             raise RuntimeFailure(

@@ -345,3 +345,27 @@ def test_private_ipc_gets_the_recipes_shared_memory_size(runtime, tmp_path) -> N
         assert list(runtime.logs(state)) == [str(64 * 2**20)]
     finally:
         runtime.stop(state)
+
+
+def test_stop_unlinks_shared_memory_the_killed_engine_leaves_on_the_host(runtime, tmp_path) -> None:
+    """With the host's IPC namespace (the default), a container's /dev/shm is the host's: an engine killed after
+    the grace period (it ignores SIGTERM here) leaves its segments there unless `stop` removes them."""
+    script = (
+        "import signal, time\n"
+        "from multiprocessing import shared_memory\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "seg = shared_memory.SharedMemory(create=True, size=1 << 20)\n"
+        "print('segment', seg.name, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    state = runtime.start(
+        make_plan("c2-leak", [host_python(), "-c", script], port=free_port()), tmp_path / "l"
+    )
+    try:
+        wait_for(lambda: any(x.startswith("segment") for x in runtime.logs(state)), what="the segment")
+        line = next(x for x in runtime.logs(state) if x.startswith("segment"))
+        leaked = Path("/dev/shm") / line.split()[1]
+        assert leaked.exists()  # the host sees it: shared IPC namespace
+    finally:
+        runtime.stop(state, timeout_s=1)
+    assert not leaked.exists()

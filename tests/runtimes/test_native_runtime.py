@@ -175,3 +175,46 @@ def test_follow_completes_a_line_that_was_half_written(tmp_path):
         fh.write("ond\nthird\n")
     done["alive"] = False
     assert list(gen) == ["second", "third"]
+
+
+# Creates a POSIX shared-memory segment (as vLLM's message queues do) and ignores SIGTERM, so only SIGKILL stops it
+# and nothing in it can unlink the segment.
+LEAKS_SHM = """
+import signal, sys, time
+from multiprocessing import shared_memory
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+seg = shared_memory.SharedMemory(create=True, size=1 << 20)
+seg.buf[:4] = b'live'
+print('segment', seg.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_unlinks_the_shared_memory_a_killed_server_leaves(make_plan, tmp_path):
+    from multiprocessing import shared_memory
+
+    bystander = shared_memory.SharedMemory(create=True, size=4096)  # someone else's: must survive
+    try:
+        rt = NativeRuntime()
+        state = rt.start(make_plan(LEAKS_SHM), tmp_path / "t.log")
+        name = _log_line(tmp_path / "t.log", "segment").split()[1]
+        leaked = Path("/dev/shm") / name
+        assert leaked.exists()
+        rt.stop(state, timeout_s=0.5)
+        assert rt.exit_code(state) == -signal.SIGKILL
+        assert not leaked.exists()  # without the clean-up it stays until reboot
+        assert (Path("/dev/shm") / bystander.name.lstrip("/")).exists()
+    finally:
+        bystander.close()
+        bystander.unlink()
+
+
+def test_remove_leftovers_skips_what_is_gone_or_not_removable(tmp_path):
+    from sparkctl.runtimes.shm import held_segments, remove_leftovers
+
+    there = tmp_path / "psm_there"
+    there.write_bytes(b"x")
+    assert remove_leftovers([tmp_path / "psm_gone", there]) == [there]
+    assert not there.exists()
+    # a process that maps nothing under the directory holds nothing there
+    assert held_segments([psutil.Process()], shm_dir=tmp_path) == set()
