@@ -198,11 +198,10 @@ def _start(
         rep.step("image", f"{image} ({image_id[:19]})", timings["image"])
 
     # fetch + memory plan ------------------------------------------------------------------------------
-    from sparkctl.models.fetch import resolve_model, weight_files
+    from sparkctl.models.fetch import resolve_weights
 
     t = time.monotonic()
-    model_path = resolve_model(plan.model, offline=opts.offline)
-    files = weight_files(model_path)
+    model_path, files = resolve_weights(plan.model, offline=opts.offline)
     size = sum(f.stat().st_size for f in files)
     timings["fetch"] = time.monotonic() - t
     rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])

@@ -33,6 +33,13 @@ def resolve_model(source: ModelSource, *, offline: bool = False, cache_dir: str 
 
     `cache_dir` overrides the Hugging Face cache (default: HF_HUB_CACHE / HF_HOME rules).
     """
+    return resolve_weights(source, offline=offline, cache_dir=cache_dir)[0]
+
+
+def resolve_weights(
+    source: ModelSource, *, offline: bool = False, cache_dir: str | Path | None = None
+) -> tuple[Path, list[Path]]:
+    """resolve_model's directory and its weight files in loader order, from the one listing that verified them."""
     if source.repo:
         model_dir = _download(source, offline=offline, cache_dir=cache_dir)
     elif source.path:
@@ -41,8 +48,7 @@ def resolve_model(source: ModelSource, *, offline: bool = False, cache_dir: str 
         model_dir = _generate(source.generate)
     else:
         raise UserError("the recipe's model names no source: set model.repo, model.path or model.generate")
-    verify_model_dir(model_dir, source)
-    return model_dir
+    return model_dir, verify_model_dir(model_dir, source)
 
 
 def local_model_path(source: ModelSource, *, cache_dir: str | Path | None = None) -> Path | None:
