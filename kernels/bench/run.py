@@ -251,17 +251,22 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
             case = f"outlier activations 4096x512 K={k2_label(k2)} {cb} rows={rows}"
             yield CheckResult("gemv", case, rel_err(y, x.double().to(dev) @ w), REL_TOL)
 
-    # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layout (8 rows, x' fused per block)
+    # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layouts: x' fused per block for 8 rows
+    # (fp16 kernel) and 4 rows (integer kernel), and one row at K=8 (the integer kernel's deepest ring)
     os.environ["SPARKCTL_EXL3_SMEM_LIMIT"] = str(99 * 1024)
     os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = "99"
     try:
-        trellis, suh, svh = random_layer(4096, 512, 16, gen, dev)
-        w = reference.weight(trellis, suh, svh, "mul1").float()
-        x = torch.randn(8, 4096, generator=gen).half().to(dev)
-        ks = cuda.gemv_ksplit(8, 4096, 512, 16, 2)
-        y = cuda.gemv(x, trellis, suh, svh, 2)
-        case = f"99 KiB shared-memory cap, 8 rows fused x', 4096x512 K=8 mul1 (ksplit {ks})"
-        yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
+        # 4096x16384: 128 column chunks, so one row takes no split (32 input chunks per block, the largest x')
+        for out_f, rows_list in ((512, (8,)), (16384, (4, 1))):
+            trellis, suh, svh = random_layer(4096, out_f, 16, gen, dev)
+            w = reference.weight(trellis, suh, svh, "mul1").float()
+            for rows in rows_list:
+                x = torch.randn(rows, 4096, generator=gen).half().to(dev)
+                ks = cuda.gemv_ksplit(rows, 4096, out_f, 16, 2)
+                y = cuda.gemv(x, trellis, suh, svh, 2)
+                case = f"99 KiB shared-memory cap, {rows} rows fused x', 4096x{out_f} K=8 mul1 (ksplit {ks})"
+                yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
+            del w
     finally:
         del os.environ["SPARKCTL_EXL3_SMEM_LIMIT"], os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
 

@@ -144,6 +144,14 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// Lets the next kernel on the stream be scheduled now rather than at block exit (its griddepcontrol.wait still waits
+// for this grid to end and its memory to be visible, so this is only about when its blocks get launched).
+__device__ __forceinline__ void trigger_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
   uint32_t u;
   memcpy(&u, &h, 4);
@@ -981,6 +989,9 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
   i8_slabs<K2, G>(ring, lw, xqp, acc, n);
+  // One row: the next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves
+  // idle): 0.25-0.45 us per call; with 2-4 rows (the x' kernel follows) it did not pay (kernels/PERF.md run 32).
+  if (per_warp) trigger_dependents();
   cp_async_wait<0>();
   __syncthreads();
   EXL3_STAMP(4);
