@@ -773,8 +773,8 @@ struct XprepI8 {
 // registers, transforms them, quantises them with a scale of its own (its maximum |x'|) and packs the B words of its
 // own slabs (slab j of the run at xq[32 j]), with no block barrier: the warp's sums are scaled back at the end
 // (x' = d * q). Waiting for the whole block's x' and its maximum cost two barriers and ~3.5 us before the first mma
-// (kernels/PERF.md run 29). Returns d; *qs_out = the sum of q over the run (the k_bias term). The trellis ring
-// starts loading between the x loads and the transform.
+// (kernels/PERF.md run 29). Returns d; *qs_out = the sum of q over the run (the k_bias term). The trellis ring's
+// first slab is requested with the x loads, the rest once x' is packed.
 template <int H, typename Ring>
 __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n, int lane,
                                                int* qs_out) {
@@ -786,8 +786,7 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
     xv[h] = *reinterpret_cast<const uint2*>(p.x + off);
     sv[h] = *reinterpret_cast<const uint2*>(p.suh + off);
   }
-#pragma unroll
-  for (int i = 0; i < Ring::kStages - 1; ++i) ring.load();
+  ring.load();  // one slab now, the rest once x' is packed: x comes back sooner (kernels/PERF.md run 34)
   EXL3_STAMP(2);
   // Branch-free over the H chunks, so their shuffle chains interleave.
   float v[H][4];
@@ -829,6 +828,8 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
   *qs_out = qs;
+#pragma unroll
+  for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
   __syncwarp();
   return mx / kQMax;
 }
