@@ -2,7 +2,7 @@
 
 For the device machine (kernels/PERF.md has the exact invocations):
 
-    ncu --clock-control none --set full -k regex:gemv_kernel --launch-skip 4 --launch-count 1 \
+    ncu --clock-control none --set full -k regex:gemv --launch-skip 4 --launch-count 1 \
         python3 kernels/bench/profile_gemv.py --shape 4096x14336 --bits 2 --codebook mul1 --rows 1
 
 Random weights and inputs (never zeros: METHOD.md), fresh per launch so the trellis is read from HBM as in a

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,17 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     if not torch.isfinite(a64).all():
         return math.inf
     return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
+
+
+@contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """The kernel's SPARKCTL_EXL3_* switches are read at each launch: set them for a block of calls, then unset."""
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name in values:
+            del os.environ[name]
 
 
 def min_ksplit(n_k: int, codebook: str, rows: int) -> int:
@@ -206,8 +218,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
 
     # 2b. both input-transform paths (fused per block / separate kernel) for every row count
     for min_rows in ("1", "99"):
-        os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = min_rows
-        try:
+        with _env(SPARKCTL_EXL3_XPREP_MIN_ROWS=min_rows):
             for k2, cb in ((4, "mul1"), (6, "3inst"), (5, "mul1")):
                 trellis, suh, svh = random_layer(2048, 640, k2, gen, dev)
                 w = reference.weight(trellis, suh, svh, cb).float()
@@ -221,12 +232,9 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                     yield CheckResult(
                         "gemv", case, rel_err(y, x.float() @ w), REL_TOL, "" if landed else "(not poisoned)"
                     )
-        finally:
-            del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
 
     # 2c'. mul1 through the fp16 kernel too (the integer kernel is the default; SPARKCTL_EXL3_MUL1_PATH=fp16)
-    os.environ["SPARKCTL_EXL3_MUL1_PATH"] = "fp16"
-    try:
+    with _env(SPARKCTL_EXL3_MUL1_PATH="fp16"):
         for k2 in (4, 8, 5):
             trellis, suh, svh = random_layer(1024, 640, k2, gen, dev)
             w = reference.weight(trellis, suh, svh, "mul1").float()
@@ -235,11 +243,9 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                 y = cuda.gemv(x, trellis, suh, svh, 2)
                 case = f"mul1 fp16 kernel 1024x640 K={k2_label(k2)} rows={rows}"
                 yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
-    finally:
-        del os.environ["SPARKCTL_EXL3_MUL1_PATH"]
 
-    # 2c''. activations with outliers: the integer kernel carries x' as 16-bit integers scaled by each block's
-    # largest |x'|, so one huge channel must not drown the others (error against the float64 product)
+    # 2c''. activations with outliers: the integer kernel carries x' as 16-bit integers scaled by the largest |x'| of
+    # what one int32 sum covers, so one huge channel must not drown the others (error against the float64 product)
     for k2, cb in ((4, "mul1"), (8, "mul1"), (4, "3inst")):
         trellis, suh, svh = random_layer(4096, 512, k2, gen, dev)
         w = reference.weight(trellis, suh, svh, cb).double()
@@ -253,9 +259,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
 
     # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layouts: x' fused per block for 8 rows
     # (fp16 kernel) and 4 rows (integer kernel), and one row at K=8 (the integer kernel's deepest ring)
-    os.environ["SPARKCTL_EXL3_SMEM_LIMIT"] = str(99 * 1024)
-    os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = "99"
-    try:
+    with _env(SPARKCTL_EXL3_SMEM_LIMIT=str(99 * 1024), SPARKCTL_EXL3_XPREP_MIN_ROWS="99"):
         # 4096x16384: 128 column chunks, so one row takes no split (32 input chunks per block, the largest x')
         for out_f, rows_list in ((512, (8,)), (16384, (4, 1))):
             trellis, suh, svh = random_layer(4096, out_f, 16, gen, dev)
@@ -267,8 +271,6 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                 case = f"99 KiB shared-memory cap, {rows} rows fused x', 4096x{out_f} K=8 mul1 (ksplit {ks})"
                 yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
             del w
-    finally:
-        del os.environ["SPARKCTL_EXL3_SMEM_LIMIT"], os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
 
     # 3. grouping (>8 rows), the torch op, CUDA graph replay
     trellis, suh, svh = random_layer(1024, 2048, 8, gen, dev)
@@ -390,23 +392,14 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                         extra: dict = {"sweep": ks != 0}
                         if args.ab_xprep and ks == 0:
                             # the other input-transform path: separate kernel for 1 row, fused for several
-                            os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"] = "1" if rows == 1 else "99"
-                            try:
+                            with _env(SPARKCTL_EXL3_XPREP_MIN_ROWS="1" if rows == 1 else "99"):
                                 extra["other_xprep_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
-                            finally:
-                                del os.environ["SPARKCTL_EXL3_XPREP_MIN_ROWS"]
                         if args.ab_mul1 and ks == 0 and cb == "mul1":
-                            os.environ["SPARKCTL_EXL3_MUL1_PATH"] = "fp16"
-                            try:
+                            with _env(SPARKCTL_EXL3_MUL1_PATH="fp16"):
                                 extra["fp16_kernel_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
-                            finally:
-                                del os.environ["SPARKCTL_EXL3_MUL1_PATH"]
                         if args.ab_pdl and ks == 0:
-                            os.environ["SPARKCTL_EXL3_NO_PDL"] = "1"
-                            try:
+                            with _env(SPARKCTL_EXL3_NO_PDL="1"):
                                 extra["no_pdl_us"] = _graph_time_us(make, n_sets, args.calls, args.reps)
-                            finally:
-                                del os.environ["SPARKCTL_EXL3_NO_PDL"]
                         key = (in_f, out_f, rows)
                         if key not in dense_cache:
                             n_dense = max(2, math.ceil(4 * l2 / (in_f * out_f * 2)))

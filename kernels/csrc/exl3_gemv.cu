@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 namespace exl3 {
 
 // Blocks per SM the GEMV kernels are compiled for (register budget 65536 / (256 * this)). With no minimum, ptxas
@@ -126,9 +125,11 @@ __host__ __device__ constexpr int ring_stages() {
 // ---------------------------------------------------------------------------------------------------------------
 
 // Trellis bytes are read once per call: .cg keeps them out of L1.
+__device__ __forceinline__ void cp_async16_at(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  cp_async16_at(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -447,9 +448,9 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
 }
 
 // One warp's stream of trellis slabs (16 x 128: tiles 8*col_chunk .. +7 of one k-tile row, contiguous in the
-// trellis) through its private cp.async ring. The ring has a power-of-two number of
-// stages, so a stage's offset is (i & (kStages - 1)) * kSlabBytes; the loads use a 32-bit shared address with the
-// lane's offset folded in, and a lane that loads nothing in a step has a zero count for it. Written so, the
+// trellis) through its private cp.async ring. The ring has a power-of-two number of stages, so a stage's offset is
+// (i & (kStages - 1)) * kSlabBytes; the loads use a 32-bit shared address with the lane's offset folded in, and a
+// lane that loads nothing in a step has a zero count for it. Written so, the
 // integer kernel's K=2 main loop spends ~12 instructions per slab on the ring and the x' words instead of ~38
 // (kernels/PERF.md run 29): pointer compares and selects, and lane offsets that ptxas recomputed from the thread
 // index every slab, were a sixth of the loop.
@@ -485,7 +486,7 @@ struct SlabRing {
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
       if (loaded < (j == kLoads - 1 ? count_last : count)) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + 512 * j), "l"(src + 512 * j));
+        cp_async16_at(d + 512 * j, src + 512 * j);
       }
     }
     cp_async_commit();
@@ -690,16 +691,28 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // A mul1 weight is k_inv * (1024 + s) + k_bias with s the sum of the four bytes of the hash h = state * 0x83DCD12D
 // (SPEC 2.3), so z[n] = sum_k w[k,n] x'[k] = k_inv * sum_k s[k,n] x'[k] + c0 * sum_k x'[k], c0 = 1024 k_inv + k_bias.
 // The byte sums need no instruction at all: the mma m16n8k32 u8 x s8 multiplies each of the hash's four bytes by
-// x'[k] repeated four times. x' is carried as 16-bit integers q = round(x' / d) (d = the block slice's absolute
-// maximum per row / 32639), split into two signed bytes q = 256 hi + lo; hi and lo are two COLUMNS of the same
+// x'[k] repeated four times. x' is carried as 16-bit integers q = round(x' / d) (d = max |x'| / 32639 over what one
+// int32 sum covers: a warp's run of slabs for one row, the block's slice per row otherwise), split into two signed
+// bytes q = 256 hi + lo; hi and lo are two COLUMNS of the same
 // B operand (column 2r = hi of row r, 2r + 1 = lo), so a lane's C fragment holds both halves of one row and one
 // tile costs two mmas for up to 4 rows, as the fp16 path does, while the per-weight work drops from IMAD + DP4A
-// to IMAD alone. Sums are exact int32 (at most 2048 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
+// to IMAD alone. Sums are exact int32 (at most 4096 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
 // rounding is x' to 16 bits (about 1e-5 relative), far below the fp16 rounding of the other path's x'.
 // Up to 4 rows (8 columns: hi and lo of each) fit one group; the layout takes G groups of 4 rows, but only G = 1 is
 // built: rows 5..8 run faster on the fp16 kernel (see find_kernel).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
+
+// Four quantised x' values as their hi and lo signed bytes, q = 256 hi + lo, byte j of each word for q[j].
+__device__ __forceinline__ void split_hi_lo(const int (&q)[4], uint32_t& hi_bytes, uint32_t& lo_bytes) {
+  hi_bytes = lo_bytes = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int hi = (q[j] + 128) >> 8;  // |q| <= 32639 keeps hi in [-127, 127] and lo = q - 256 hi in [-128, 127]
+    hi_bytes |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
+    lo_bytes |= static_cast<uint32_t>((q[j] - (hi << 8)) & 0xFF) << (8 * j);
+  }
+}
 
 // x' in fp32 (xprime_values); returns max |x'| over the chunk (every lane gets it).
 __device__ __forceinline__ float xprime_f32(uint2 xv, uint2 sv, float (&v)[4], int lane) {
@@ -720,14 +733,8 @@ __device__ __forceinline__ int pack_chunk(const float* xc, float inv, uint32_t* 
   const float2 b = *reinterpret_cast<const float2*>(xc + 16 * sl + 2 * c + 8);
   const int q[4] = {__float2int_rn(a.x * inv), __float2int_rn(a.y * inv), __float2int_rn(b.x * inv),
                     __float2int_rn(b.y * inv)};
-  uint32_t hw = 0, lw = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int hi = (q[j] + 128) >> 8;  // |q| <= 32639 keeps hi in [-127, 127] and lo = q - 256 hi in [-128, 127]
-    const int lo = q[j] - (hi << 8);
-    hw |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
-    lw |= static_cast<uint32_t>(lo & 0xFF) << (8 * j);
-  }
+  uint32_t hw, lw;
+  split_hi_lo(q, hw, lw);
   uint32_t* dst = xq + ((slab0 + sl) * groups + (row >> 2)) * 32 + 8 * (row & 3) + c;
   dst[0] = hw;
   dst[4] = lw;
@@ -808,15 +815,13 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
     // this lane's 4 elements lie in k-tile row 8 * chunk + sl (16 elements per row), as do the words it writes
     const int row = 8 * (cfirst + h) + sl;
     const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
-    uint32_t hp = 0, lp = 0;  // this lane's 4 elements as hi and lo bytes
+    const int q[4] = {__float2int_rn(v[h][0] * inv), __float2int_rn(v[h][1] * inv), __float2int_rn(v[h][2] * inv),
+                      __float2int_rn(v[h][3] * inv)};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = __float2int_rn(v[h][j] * inv);
-      const int hi = (q + 128) >> 8;
-      if (mine) qs += q;
-      hp |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
-      lp |= static_cast<uint32_t>((q - (hi << 8)) & 0xFF) << (8 * j);
-    }
+    for (int j = 0; j < 4; ++j)
+      if (mine) qs += q[j];
+    uint32_t hp, lp;  // this lane's 4 elements as hi and lo bytes
+    split_hi_lo(q, hp, lp);
     const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
     const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
     if (mine) {
@@ -897,21 +902,21 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   EXL3_STAMP(1);
   float warp_d = 0.0f;  // per_warp: this warp's x' scale, and its sum of q (0 for a warp without slabs)
   int warp_qs = 0;
-  if (per_warp && n > 0) {
-    uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq) + s0 * 32;
-    const int r0 = 8 * c0 + s0;
-    // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
-    // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
-    constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
-    const bool aligned = (8 * nch) % (8 * NW) == 0;
-    if (aligned && n <= 8) warp_d = warp_prologue<1>(p, xq, ring, r0, n, lane, &warp_qs);
-    else if (aligned && n <= 16) warp_d = warp_prologue<2>(p, xq, ring, r0, n, lane, &warp_qs);
-    else if (aligned) warp_d = warp_prologue<warp_chunks(kMaxRun)>(p, xq, ring, r0, n, lane, &warp_qs);
-    else if (n <= 8) warp_d = warp_prologue<warp_chunks(7)>(p, xq, ring, r0, n, lane, &warp_qs);
-    else if (n <= 16) warp_d = warp_prologue<warp_chunks(15)>(p, xq, ring, r0, n, lane, &warp_qs);
-    else warp_d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, &warp_qs);
-  }
   if (per_warp) {
+    if (n > 0) {  // a warp without slabs (a split into very short slices) keeps scale 0 and adds nothing
+      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq) + s0 * 32;
+      const int r0 = 8 * c0 + s0;
+      // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
+      // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
+      constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
+      const bool aligned = (8 * nch) % (8 * NW) == 0;
+      if (aligned && n <= 8) warp_d = warp_prologue<1>(p, xq, ring, r0, n, lane, &warp_qs);
+      else if (aligned && n <= 16) warp_d = warp_prologue<2>(p, xq, ring, r0, n, lane, &warp_qs);
+      else if (aligned) warp_d = warp_prologue<warp_chunks(kMaxRun)>(p, xq, ring, r0, n, lane, &warp_qs);
+      else if (n <= 8) warp_d = warp_prologue<warp_chunks(7)>(p, xq, ring, r0, n, lane, &warp_qs);
+      else if (n <= 16) warp_d = warp_prologue<warp_chunks(15)>(p, xq, ring, r0, n, lane, &warp_qs);
+      else warp_d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, &warp_qs);
+    }
     if (tid < m) {
       ra.a[tid] = 1.0f;  // the warps' sums come scaled and with their k_bias share (see the end of the block)
       ra.b[tid] = 0.0f;
@@ -1108,8 +1113,8 @@ typedef void (*KernelFn)(const KernelArgs);
 struct KernelInfo {
   KernelFn fn;
   int stage_bytes_per_warp;
-  int groups;        // 0 = the fp16 kernel; 1 or 2 = the integer kernel's column groups (4 rows each)
-  int warps;  // per block
+  int groups;  // 0 = the fp16 kernel; 1 = the integer kernel (one column group: up to 4 rows)
+  int warps;   // per block
 };
 
 template <int K2, int CB>
@@ -1237,8 +1242,8 @@ int sm_count(int* sms) {
   return device_attr(cudaDevAttrMultiProcessorCount, "cudaDeviceGetAttribute(multiprocessors)", sms);
 }
 
-// Smallest split of the fp16 kernel: at most kMaxChunksPerBlock chunks per block, and a block's shared memory
-// within the device's limit.
+// Smallest split: at most kMaxChunksPerBlock (fp16 kernel) or kMaxChunksPerBlockI8 chunks per block, and a block's
+// shared memory within the device's limit.
 int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   int limit = 0;
   const int st = smem_limit(&limit);
