@@ -453,15 +453,14 @@ class DockerRuntime:
                 container.stop(timeout=max(1, int(timeout_s)))
             self._save_log(container, state)
             container.remove(force=True)
-            remove_leftovers(segments)
         except NotFound:
-            remove_leftovers(segments)
-            return
+            pass  # gone meanwhile: what it left in /dev/shm is still ours to remove
         except APIError as exc:
             raise RuntimeFailure(
                 f"could not stop container {state.container_name or state.container_id}: {_api_text(exc)}",
                 hint=f"remove it by hand: docker rm -f {state.container_name or state.container_id}",
             ) from None
+        remove_leftovers(segments)
 
     @staticmethod
     def _host_shm_segments(container: Container) -> set[Path]:

@@ -123,14 +123,13 @@ class NativeRuntime:
             self._signal(state, members, signal.SIGKILL)
             members = self._wait_gone(state, members, 10.0)
         self._reap(state)
-        if not members:
-            remove_leftovers(segments)
         if members:
             names = ", ".join(f"{p.pid}" for p in members)
             raise RuntimeFailure(
                 f"could not stop {state.recipe}: processes {names} survive SIGKILL",
                 hint="they may be stuck in the kernel (D state); check `ps -o pid,stat,cmd -p ...`",
             )
+        remove_leftovers(segments)
 
     def logs(self, state: ServerState, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
         """Lines of the server's log file; with `follow`, keep yielding until the server is gone."""

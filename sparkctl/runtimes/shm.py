@@ -37,9 +37,7 @@ def remove_leftovers(segments: Iterable[Path]) -> list[Path]:
     for path in sorted(segments):
         try:
             path.unlink()
-        except FileNotFoundError:
+        except OSError:  # gone already, or not ours to remove (another user's): leave it
             continue
-        except OSError:
-            continue  # not ours to remove (another user's, read-only): leave it
         removed.append(path)
     return removed
