@@ -382,16 +382,24 @@ struct RowAffine {
   float b[kMaxRows];
 };
 
+// svh of this column chunk for the lanes that will finish row `warp` (warp < m). The integer kernel loads it as its
+// block starts: read at the very end, its latency sat on every call's critical path (-0.1 to -0.25 us per call,
+// kernels/PERF.md run 40). The fp16 kernel loads it just before its end (held through its main loop, it cost 0.5 us).
+__device__ __forceinline__ uint2 prefetch_svh(const KernelArgs& p, int col_chunk, int warp, int lane) {
+  return warp < p.m ? *reinterpret_cast<const uint2*>(p.svh + col_chunk * 128 + lane * 4) : uint2{0u, 0u};
+}
+
 // The end of every block, after its warps wrote their partial sums to red[warp][row][kRedStride]: sum the warps,
 // apply the row affine, then either finish the column chunk (ksplit 1) or leave the slice's partial in global
 // memory, and let the last block of the chunk sum every slice in split order (deterministic) and finish it. To
 // finish = 128-point output Hadamard, then * svh, rounded once to fp16.
 // `part` points at this column chunk's partial sums: slot s, row r, column n at part[s * slot_stride + r * row_stride
-// + n]; `slot` is this block's, `contributors` the number of blocks adding to the chunk.
+// + n]; `slot` is this block's, `contributors` the number of blocks adding to the chunk. `sv`: lane l of warp r < m
+// holds svh[4l .. 4l+3] of the chunk, loaded by the caller when its block started (prefetch_svh).
 template <int NW>
 __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, float* zsum, const RowAffine& ra,
                                              int col_chunk, int slot, int contributors, float* part,
-                                             size_t slot_stride, size_t row_stride) {
+                                             size_t slot_stride, size_t row_stride, uint2 sv) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int m = p.m;
   __syncthreads();
@@ -436,7 +444,6 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
     const float4 z = *reinterpret_cast<const float4*>(zsum + warp * 128 + lane * 4);
     float v[4] = {z.x, z.y, z.z, z.w};
     had128_warp(v, lane);
-    const uint2 sv = *reinterpret_cast<const uint2*>(p.svh + n0 + lane * 4);
     const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
     uint2 res;
     res.x = h2_as_u32(__floats2half2_rn(v[0] * kHadScale * s01.x, v[1] * kHadScale * s01.y));
@@ -681,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
     }
   }
   finish_block<kWarps>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, p.partials + col_chunk * 128,
-               static_cast<size_t>(m) * p.out_features, p.out_features);
+               static_cast<size_t>(m) * p.out_features, p.out_features, prefetch_svh(p, col_chunk, warp, lane));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -714,13 +721,24 @@ __device__ __forceinline__ void split_hi_lo(const int (&q)[4], uint32_t& hi_byte
   }
 }
 
+// The four bytes of w (x' parts for k = 2c, 2c+1, 2c+8, 2c+9), each repeated four times: the B registers of a slab
+// in the order the two mmas take them as register pairs, (2c, 2c+8) and (2c+1, 2c+9).
+__device__ __forceinline__ uint4 repeat_bytes(uint32_t w) {
+  return make_uint4(__byte_perm(w, 0u, 0x0000), __byte_perm(w, 0u, 0x2222), __byte_perm(w, 0u, 0x1111),
+                    __byte_perm(w, 0u, 0x3333));
+}
+
+// The warp's maximum of m >= 0 (every lane gets it). Non-negative floats order as their bits do, so this is one
+// integer warp reduction (REDUX) instead of five dependent shuffles: on the one-row prologue's critical path that
+// was 0.3-0.5 us per call (kernels/PERF.md run 41). The sums of q below use the same instruction.
+__device__ __forceinline__ float warp_max_abs(float m) {
+  return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(m)));
+}
+
 // x' in fp32 (xprime_values); returns max |x'| over the chunk (every lane gets it).
 __device__ __forceinline__ float xprime_f32(uint2 xv, uint2 sv, float (&v)[4], int lane) {
   xprime_values(xv, sv, v, lane);
-  float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, mask));
-  return mx;
+  return warp_max_abs(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
 }
 
 // Quantize one 128-chunk of x' (fp32, natural order, at xc) to q = round(x' * inv) and write its 8 slabs of packed B
@@ -738,10 +756,7 @@ __device__ __forceinline__ int pack_chunk(const float* xc, float inv, uint32_t* 
   uint32_t* dst = xq + ((slab0 + sl) * groups + (row >> 2)) * 32 + 8 * (row & 3) + c;
   dst[0] = hw;
   dst[4] = lw;
-  int qs = (q[0] + q[1]) + (q[2] + q[3]);
-#pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
-  return qs;
+  return __reduce_add_sync(0xFFFFFFFFu, (q[0] + q[1]) + (q[2] + q[3]));
 }
 
 struct SmemI8 {
@@ -786,12 +801,16 @@ template <int H, typename Ring>
 __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n, int lane,
                                                int* qs_out) {
   const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;  // the chunks of x the run lies in
+  const int c = lane & 3, sl = lane >> 2;
+  // Lane (sl, c) takes elements 16 sl + 2c, +1, +8, +9 of each chunk: the four x' values of its own B word of slab sl
+  // (k = 2c, 2c+1, 2c+8, 2c+9). The butterfly below is over all seven index bits whichever lane and slot hold them,
+  // so no shuffles are needed afterwards to gather a word's values (there were four per chunk).
   uint2 xv[H], sv[H];
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-    const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 4 * lane;  // past clast: a repeat
-    xv[h] = *reinterpret_cast<const uint2*>(p.x + off);
-    sv[h] = *reinterpret_cast<const uint2*>(p.suh + off);
+    const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;  // past clast: a repeat
+    xv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.x + off), *reinterpret_cast<const uint32_t*>(p.x + off + 8));
+    sv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.suh + off), *reinterpret_cast<const uint32_t*>(p.suh + off + 8));
   }
   ring.load();  // one slab now, the rest once x' is packed: x comes back sooner (kernels/PERF.md run 34)
   EXL3_STAMP(2);
@@ -803,12 +822,8 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
     xprime_values(xv[h], sv[h], v[h], lane);
     mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
   }
-#pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, mask));
+  mx = warp_max_abs(mx);
   const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
-  const int c = lane & 3, sl = lane >> 2;
-  const int src_a = (lane & ~3) + (c >> 1), src_b = src_a + 2;  // lanes holding k = 2c, 2c+1 and 2c+8, 2c+9
-  const uint32_t sel = (c & 1) ? 0x7632u : 0x5410u;
   int qs = 0;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
@@ -820,19 +835,16 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (mine) qs += q[j];
-    uint32_t hp, lp;  // this lane's 4 elements as hi and lo bytes
-    split_hi_lo(q, hp, lp);
-    const uint32_t ha = __shfl_sync(0xFFFFFFFFu, hp, src_a), hb = __shfl_sync(0xFFFFFFFFu, hp, src_b);
-    const uint32_t la = __shfl_sync(0xFFFFFFFFu, lp, src_a), lb = __shfl_sync(0xFFFFFFFFu, lp, src_b);
+    uint32_t hw, lw;  // this lane's B word (k = 2c, 2c+1, 2c+8, 2c+9) as hi and lo bytes
+    split_hi_lo(q, hw, lw);
     if (mine) {
-      uint32_t* dst = xq + (row - r0) * 32 + c;
-      dst[0] = __byte_perm(ha, hb, sel);
-      dst[4] = __byte_perm(la, lb, sel);
+      // the B words with each byte already repeated four times (kBRepeated), so the main loop loads them as they are
+      uint4* dst = reinterpret_cast<uint4*>(xq + (row - r0) * 32);
+      dst[c] = repeat_bytes(hw);
+      dst[4 + c] = repeat_bytes(lw);
     }
   }
-#pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) qs += __shfl_xor_sync(0xFFFFFFFFu, qs, mask);
-  *qs_out = qs;
+  *qs_out = __reduce_add_sync(0xFFFFFFFFu, qs);
 #pragma unroll
   for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
   __syncwarp();
@@ -844,11 +856,16 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 __host__ __device__ constexpr int warp_chunks(int n) { return n % 8 == 0 ? n / 8 : n / 8 + 2; }
 
 // The main loop of the integer kernel: `count` slabs from the warp's ring, 8 tiles each, their hashes straight into
-// the integer mma against the B words at xqp (G * 32 words per slab; advanced past them).
-template <int K2, int G, typename Ring>
-__device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint32_t*& xqp,
+// the integer mma against the B words at xqp, advanced past them. Packed layout (kBRepeated false): G * 32 words per
+// slab, lane l's word at xqp[32 cg], its bytes repeated here (4 PRMT per slab and group). Repeated layout (one row,
+// G = 1, written by warp_prologue): per slab 8 uint4 already repeated, hi then lo part for c = 0..3, which lanes of
+// B columns 0 and 1 (g < 2) need; the other lanes' columns belong to no row, so they read a copy (column g & 1).
+// The same 128 bytes per slab, 4 ALU instructions per slab fewer (kernels/PERF.md run 40).
+template <int K2, int G, bool kBRepeated, typename Ring>
+__device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint32_t* xqp,
                                          int (&acc)[G][8][4], int count) {
   using R = Rate<K2>;
+  static_assert(!kBRepeated || G == 1, "the repeated B layout holds one row");
   for (int i = 0; i < count; ++i) {
     cp_async_wait<Ring::kStages - 2>();
     __syncwarp();
@@ -856,11 +873,11 @@ __device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, c
     uint32_t be0[G], be1[G], bo0[G], bo1[G];
 #pragma unroll
     for (int cg = 0; cg < G; ++cg) {
-      const uint32_t w = xqp[cg * 32];
-      be0[cg] = __byte_perm(w, 0u, 0x0000);  // x'[2c] in all four bytes
-      bo0[cg] = __byte_perm(w, 0u, 0x1111);  // x'[2c+1]
-      be1[cg] = __byte_perm(w, 0u, 0x2222);  // x'[2c+8]
-      bo1[cg] = __byte_perm(w, 0u, 0x3333);  // x'[2c+9]
+      const uint4 b = kBRepeated ? *reinterpret_cast<const uint4*>(xqp) : repeat_bytes(xqp[cg * 32]);
+      be0[cg] = b.x;  // x'[2c] in all four bytes
+      be1[cg] = b.y;  // x'[2c+8]
+      bo0[cg] = b.z;  // x'[2c+1]
+      bo1[cg] = b.w;  // x'[2c+9]
     }
     xqp += G * 32;
     const unsigned char* st = ring.next();
@@ -894,6 +911,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   const int s0 = warp * 8 * nch / NW;            // this warp's run of the block's slabs: [s0, s0 + n)
   const int n = (warp + 1) * 8 * nch / NW - s0;
   Ring ring(p, smem + L.stage, 8 * c0 + s0, 1, n, col_chunk, warp, lane);
+  const uint2 svh_pre = prefetch_svh(p, col_chunk, warp, lane);
 
   __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this segment, as float bits (>= 0)
   __shared__ float row_d[kMaxRows];           // x' = d * q for this segment's rows
@@ -987,14 +1005,19 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   // Lanes whose B column belongs to no row read whatever the x' area holds there: their column only reaches C
   // columns of absent rows, which the end of the block ignores (integer sums: garbage cannot trap). No per-slab
   // predicate, then.
-  const uint32_t* xqp = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32 + lane;  // i8_slabs advances it
+  const uint32_t* xq_run = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32;  // this warp's first slab
   int acc[G][8][4];
 #pragma unroll
   for (int cg = 0; cg < G; ++cg)
 #pragma unroll
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
-  i8_slabs<K2, G>(ring, lw, xqp, acc, n);
+  if constexpr (G == 1) {
+    if (per_warp) i8_slabs<K2, G, true>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
+    else i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
+  } else {
+    i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
+  }
   // One row: the next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves
   // idle): 0.25-0.45 us per call; with 2-4 rows (the x' kernel follows) it did not pay (kernels/PERF.md run 32).
   if (per_warp) trigger_dependents();
@@ -1025,7 +1048,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     }
   }
   finish_block<NW>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors,
-               p.partials + col_chunk * 128, static_cast<size_t>(m) * p.out_features, p.out_features);
+               p.partials + col_chunk * 128, static_cast<size_t>(m) * p.out_features, p.out_features, svh_pre);
 }
 
 // One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel. (A stream-K grid,
