@@ -67,10 +67,14 @@ def _env(**values: str) -> Iterator[None]:
 
 def min_ksplit(n_k: int, codebook: str, rows: int) -> int:
     """Fewest input splits the kernel accepts: blocks hold at most 16 input chunks, or 32 in the integer (mul1, up to
-    4 rows) kernel (shared memory may raise it further; the harness only uses shapes where it does not)."""
-    most = (
-        32 if codebook == "mul1" and rows <= 4 and os.environ.get("SPARKCTL_EXL3_MUL1_PATH") != "fp16" else 16
+    SPARKCTL_EXL3_I8_MAX_ROWS = 8 rows) kernel (shared memory may raise it further; the harness only uses shapes
+    where it does not)."""
+    int_kernel = (
+        codebook == "mul1"
+        and rows <= int(os.environ.get("SPARKCTL_EXL3_I8_MAX_ROWS") or 8)
+        and os.environ.get("SPARKCTL_EXL3_MUL1_PATH") != "fp16"
     )
+    most = 32 if int_kernel else 16
     return (n_k + most - 1) // most
 
 
@@ -258,18 +262,22 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
             yield CheckResult("gemv", case, rel_err(y, x.double().to(dev) @ w), REL_TOL)
 
     # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layouts: x' fused per block for 8 rows
-    # (fp16 kernel) and 4 rows (integer kernel), and one row at K=8 (the integer kernel's deepest ring)
+    # (fp16 kernel), per warp for 8 and 4 rows (integer kernel, two and one column groups), and one row at K=8 (the
+    # integer kernel's deepest ring)
     with _env(SPARKCTL_EXL3_SMEM_LIMIT=str(99 * 1024), SPARKCTL_EXL3_XPREP_MIN_ROWS="99"):
         # 4096x16384: 128 column chunks, so one row takes no split (32 input chunks per block, the largest x')
-        for out_f, rows_list in ((512, (8,)), (16384, (4, 1))):
+        for out_f, rows_list in ((512, (8,)), (16384, (8, 4, 1))):
             trellis, suh, svh = random_layer(4096, out_f, 16, gen, dev)
             w = reference.weight(trellis, suh, svh, "mul1").float()
             for rows in rows_list:
-                x = torch.randn(rows, 4096, generator=gen).half().to(dev)
-                ks = cuda.gemv_ksplit(rows, 4096, out_f, 16, 2)
-                y = cuda.gemv(x, trellis, suh, svh, 2)
-                case = f"99 KiB shared-memory cap, {rows} rows fused x', 4096x{out_f} K=8 mul1 (ksplit {ks})"
-                yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
+                for i8_max in ("4", "8") if rows == 8 else ("8",):
+                    with _env(SPARKCTL_EXL3_I8_MAX_ROWS=i8_max):
+                        x = torch.randn(rows, 4096, generator=gen).half().to(dev)
+                        ks = cuda.gemv_ksplit(rows, 4096, out_f, 16, 2)
+                        y = cuda.gemv(x, trellis, suh, svh, 2)
+                    kernel = "integer" if rows <= int(i8_max) else "fp16"
+                    case = f"99 KiB shared-memory cap, {rows} rows, {kernel} kernel, 4096x{out_f} K=8 mul1 (ksplit {ks})"
+                    yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
             del w
 
     # 3. grouping (>8 rows), the torch op, CUDA graph replay

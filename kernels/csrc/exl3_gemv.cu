@@ -760,17 +760,13 @@ __device__ __forceinline__ int pack_chunk(const float* xc, float inv, uint32_t* 
 }
 
 struct SmemI8 {
-  int xq, xs, xraw, suh, stage, red, zsum, total;
-  // xq: [slab][group][lane] packed x' bytes; xs: [row][chunks*128] fp32 x' (fused); xraw/suh: raw x and suh (fused)
-  // xq is written only after the transform has consumed raw x and suh, so it shares their bytes.
-  __host__ __device__ SmemI8(int m, int groups, int max_chunks, int stage_bytes_per_warp, bool prepped, int warps) {
+  int xq, stage, red, zsum, total;
+  // xq: the B words of the block's slabs, [slab][group][32 words] (or the one-row repeated layout: the same 128
+  // bytes per slab), written by the warps' prologues or copied from xprep_i8_kernel; then each warp's trellis ring.
+  // After the main loop the per-warp partial sums (red) and the block's sums (zsum) reuse the space.
+  __host__ __device__ SmemI8(int m, int groups, int max_chunks, int stage_bytes_per_warp, int warps) {
     xq = 0;
-    xraw = 0;
-    suh = xraw + (prepped ? 0 : m * max_chunks * 256);
-    const int raw_end = suh + (prepped ? 0 : max_chunks * 256);
-    const int xq_end = xq + max_chunks * 8 * groups * 128;
-    xs = raw_end > xq_end ? raw_end : xq_end;
-    stage = xs + (prepped ? 0 : m * max_chunks * 512);
+    stage = xq + max_chunks * 8 * groups * 128;
     const int main_end = stage + warps * stage_bytes_per_warp;
     red = 0;
     zsum = red + warps * m * kRedStride * 4;
@@ -851,6 +847,70 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
   return mx / kQMax;
 }
 
+// The prologue of a warp for 2..4G rows (one row: warp_prologue): the same per-warp x' as one row, with a scale
+// and a sum of q per row, into the packed layout the main loop reads with 4 PRMT per slab (row r's hi and lo words
+// at lane slots 8 (r % 4) + c and + 4 of column group r / 4, as xprep_i8_kernel writes them). The separate x'
+// kernel and the block's copy of its output cost 4-8 us per call (kernels/PERF.md run 43). Each lane ends with
+// the scale and the sum of q of the rows its C fragment holds (row 4 cg + c of group cg), in d_lane / qs_lane.
+template <int H, int G, typename Ring>
+__device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n,
+                                                   int lane, float (&d_lane)[G], int (&qs_lane)[G]) {
+  const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;
+  const int c = lane & 3, sl = lane >> 2;
+  const int m = p.m;
+  uint2 xv[4 * G][H], sv[H];  // elements 16 sl + 2c, +1, +8, +9 of each chunk, as in warp_prologue
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;
+    sv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.suh + off), *reinterpret_cast<const uint32_t*>(p.suh + off + 8));
+#pragma unroll
+    for (int r = 0; r < 4 * G; ++r) {
+      const __half* xr = p.x + static_cast<size_t>(min(r, m - 1)) * p.in_features + off;  // past m: a repeat
+      xv[r][h] = make_uint2(*reinterpret_cast<const uint32_t*>(xr), *reinterpret_cast<const uint32_t*>(xr + 8));
+    }
+  }
+  ring.load();
+#pragma unroll
+  for (int r = 0; r < 4 * G; ++r) {
+    if (r < m) {
+      float v[H][4];
+      float mx = 0.0f;
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        xprime_values(xv[r][h], sv[h], v[h], lane);
+        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
+      }
+      mx = warp_max_abs(mx);
+      const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
+      int qs = 0;
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const int row = 8 * (cfirst + h) + sl;
+        const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
+        const int q[4] = {__float2int_rn(v[h][0] * inv), __float2int_rn(v[h][1] * inv),
+                          __float2int_rn(v[h][2] * inv), __float2int_rn(v[h][3] * inv)};
+        if (mine) qs += (q[0] + q[1]) + (q[2] + q[3]);
+        uint32_t hw, lw;
+        split_hi_lo(q, hw, lw);
+        if (mine) {
+          uint32_t* dst = xq + ((row - r0) * G + (r >> 2)) * 32 + 8 * (r & 3) + c;
+          dst[0] = hw;
+          dst[4] = lw;
+        }
+      }
+      qs = __reduce_add_sync(0xFFFFFFFFu, qs);
+      if ((r & 3) == c) {
+        d_lane[r >> 2] = mx / kQMax;
+        qs_lane[r >> 2] = qs;
+      }
+    }
+  }
+  EXL3_STAMP(2);
+#pragma unroll
+  for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
+  __syncwarp();
+}
+
 // Chunks of x' the warp prologue computes for runs of n slabs: exactly n / 8 when runs start on chunk boundaries
 // (n a multiple of 8), else up to n / 8 + 2.
 __host__ __device__ constexpr int warp_chunks(int n) { return n % 8 == 0 ? n / 8 : n / 8 + 2; }
@@ -904,98 +964,71 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int m = p.m;
-  const bool prepped = p.xprep != nullptr;
-  const bool per_warp = !prepped && m == 1;  // one row: each warp prepares its own x' (warp_prologue)
+  const bool prepped = p.xprep != nullptr;  // x' from xprep_i8_kernel; otherwise each warp prepares its own
   using Ring = SlabRing<K2, NW>;
-  const SmemI8 L(m, G, p.max_chunks, Ring::kStages * R::kSlabBytes, prepped || per_warp, NW);
+  const SmemI8 L(m, G, p.max_chunks, Ring::kStages * R::kSlabBytes, NW);
   const int s0 = warp * 8 * nch / NW;            // this warp's run of the block's slabs: [s0, s0 + n)
   const int n = (warp + 1) * 8 * nch / NW - s0;
   Ring ring(p, smem + L.stage, 8 * c0 + s0, 1, n, col_chunk, warp, lane);
   const uint2 svh_pre = prefetch_svh(p, col_chunk, warp, lane);
 
-  __shared__ unsigned rowmax_bits[kMaxRows];  // |x'| maximum per row over this segment, as float bits (>= 0)
-  __shared__ float row_d[kMaxRows];           // x' = d * q for this segment's rows
-  __shared__ int qsum[kMaxRows];              // sum of q per row over this segment (the c0 term)
   __shared__ RowAffine ra;
   EXL3_STAMP(1);
-  float warp_d = 0.0f;  // per_warp: this warp's x' scale, and its sum of q (0 for a warp without slabs)
-  int warp_qs = 0;
-  if (per_warp) {
-    if (n > 0) {  // a warp without slabs (a split into very short slices) keeps scale 0 and adds nothing
-      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq) + s0 * 32;
+  // Per-warp x': the scale and the sum of q of the rows this lane's C fragment holds (row 4 cg + c of group cg);
+  // 0 for a warp without slabs (a split into very short slices), which then adds nothing.
+  float d_lane[G];
+  int qs_lane[G];
+#pragma unroll
+  for (int cg = 0; cg < G; ++cg) {
+    d_lane[cg] = 0.0f;
+    qs_lane[cg] = 0;
+  }
+  if (!prepped) {
+    if (n > 0) {
+      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq) + s0 * G * 32;
       const int r0 = 8 * c0 + s0;
       // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
       // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
       constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
       const bool aligned = (8 * nch) % (8 * NW) == 0;
-      if (aligned && n <= 8) warp_d = warp_prologue<1>(p, xq, ring, r0, n, lane, &warp_qs);
-      else if (aligned && n <= 16) warp_d = warp_prologue<2>(p, xq, ring, r0, n, lane, &warp_qs);
-      else if (aligned) warp_d = warp_prologue<warp_chunks(kMaxRun)>(p, xq, ring, r0, n, lane, &warp_qs);
-      else if (n <= 8) warp_d = warp_prologue<warp_chunks(7)>(p, xq, ring, r0, n, lane, &warp_qs);
-      else if (n <= 16) warp_d = warp_prologue<warp_chunks(15)>(p, xq, ring, r0, n, lane, &warp_qs);
-      else warp_d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, &warp_qs);
+      if (m == 1) {
+        float& d = d_lane[0];
+        int* qs = &qs_lane[0];
+        if (aligned && n <= 8) d = warp_prologue<1>(p, xq, ring, r0, n, lane, qs);
+        else if (aligned && n <= 16) d = warp_prologue<2>(p, xq, ring, r0, n, lane, qs);
+        else if (aligned) d = warp_prologue<warp_chunks(kMaxRun)>(p, xq, ring, r0, n, lane, qs);
+        else if (n <= 8) d = warp_prologue<warp_chunks(7)>(p, xq, ring, r0, n, lane, qs);
+        else if (n <= 16) d = warp_prologue<warp_chunks(15)>(p, xq, ring, r0, n, lane, qs);
+        else d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, qs);
+      } else {
+        static_assert(kMaxRun <= 16, "the rows prologue takes runs of at most 16 slabs");
+        if (aligned && n <= 8) warp_prologue_rows<1, G>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
+        else if (aligned) warp_prologue_rows<2, G>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
+        else warp_prologue_rows<warp_chunks(15), G>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
+      }
     }
     if (tid < m) {
       ra.a[tid] = 1.0f;  // the warps' sums come scaled and with their k_bias share (see the end of the block)
       ra.b[tid] = 0.0f;
     }
   } else {
-    if (tid < kMaxRows) {
-      rowmax_bits[tid] = 0u;
-      qsum[tid] = 0;
-    }
-    // The x side first, then only the first trellis slab: with the whole grid's rings filling at once, x queued
-    // behind ~6 MB of trellis reads (x-side wait 1.5-1.9 us, kernels/PERF.md run 22). The rest of the ring is
-    // issued once the x side is in.
-    if (!prepped) {
-      load_x_suh<NW>(p, smem + L.xraw, smem + L.suh, c0, nch);
-    } else {
-      // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
-      const XprepI8 X(m, p.ksplit, p.max_chunks, G);
-      const int units = nch * 64 * G;
-      const uint8_t* src = p.xprep + slot * X.split_bytes;
-      for (int u = tid; u < units; u += (NW * 32)) cp_async16(smem + L.xq + u * 16, src + u * 16);
-      if (tid < m) {
-        const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
-        row_d[tid] = dq.x;
-        qsum[tid] = __float_as_int(dq.y);
-      }
-    }
+    // this split's packed x' from xprep_i8_kernel: contiguous, in the layout the main loop reads
+    const XprepI8 X(m, p.ksplit, p.max_chunks, G);
+    const int units = nch * 64 * G;
+    const uint8_t* src = p.xprep + slot * X.split_bytes;
+    for (int u = tid; u < units; u += (NW * 32)) cp_async16(smem + L.xq + u * 16, src + u * 16);
     cp_async_commit();
     ring.load();
-    cp_async_wait<1>();
-    __syncthreads();
-    EXL3_STAMP(2);
-    if (!prepped) {
-      // x' per (row, chunk) item into fp32 shared memory and the row maxima; then each warp packs its own items
-      float* xs = reinterpret_cast<float*>(smem + L.xs);
-      for (int it = warp; it < m * nch; it += NW) {
-        const int row = it % m, ch = it / m;
-        float v[4];
-        const float mx = xprime_f32(*reinterpret_cast<const uint2*>(smem + L.xraw + row * p.max_chunks * 256 + ch * 256 + lane * 8),
-                                    *reinterpret_cast<const uint2*>(smem + L.suh + ch * 256 + lane * 8), v, lane);
-        *reinterpret_cast<float4*>(xs + row * p.max_chunks * 128 + ch * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
-        if (lane == 0) atomicMax(&rowmax_bits[row], __float_as_uint(mx));
-      }
-      __syncthreads();
-      uint32_t* xq = reinterpret_cast<uint32_t*>(smem + L.xq);
-      for (int it = warp; it < m * nch; it += NW) {
-        const int row = it % m, ch = it / m;
-        const float amax = __uint_as_float(rowmax_bits[row]);
-        const int qs = pack_chunk(xs + row * p.max_chunks * 128 + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch,
-                                  G, row, lane);
-        if (lane == 0) atomicAdd(&qsum[row], qs);
-      }
-      if (tid < m) row_d[tid] = __uint_as_float(rowmax_bits[tid]) / kQMax;
+    if (tid < m) {
+      const float2 dq = reinterpret_cast<const float2*>(p.xprep + X.dq_off)[slot * m + tid];
+      ra.a[tid] = dq.x * kMul1Inv;
+      ra.b[tid] = dq.x * kMul1C0 * static_cast<float>(__float_as_int(dq.y));
     }
 #pragma unroll
     for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
-    __syncthreads();
-    if (tid < m) {
-      const float d = row_d[tid];
-      ra.a[tid] = d * kMul1Inv;
-      ra.b[tid] = d * kMul1C0 * static_cast<float>(qsum[tid]);
-    }
+    cp_async_wait<Ring::kStages - 1>();  // the x' copy (the oldest group) has landed for this thread
+    __syncthreads();                       // ... and for every thread
+    EXL3_STAMP(2);
   }
 
   // --- main loop: 8 tiles per slab, hashes straight into the integer mma ------------------------------------------
@@ -1013,14 +1046,17 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
   if constexpr (G == 1) {
-    if (per_warp) i8_slabs<K2, G, true>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
-    else i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
+    if (m == 1 && !prepped) {  // the one-row B layout (warp_prologue)
+      i8_slabs<K2, G, true>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
+    } else {
+      i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
+    }
   } else {
     i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
   }
-  // One row: the next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves
-  // idle): 0.25-0.45 us per call; with 2-4 rows (the x' kernel follows) it did not pay (kernels/PERF.md run 32).
-  if (per_warp) trigger_dependents();
+  // The next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves idle): 0.25-0.45
+  // us per call with one row; with the x' kernel following (xprep path) it did not pay (kernels/PERF.md run 32).
+  if (!prepped) trigger_dependents();
   cp_async_wait<0>();
   __syncthreads();
   EXL3_STAMP(4);
@@ -1033,9 +1069,9 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     for (int cg = 0; cg < G; ++cg) {
       const int row = 4 * cg + c;
       if (row < m) {
-        // per_warp: z = d_w * (k_inv * s + C0 * sum of q) for this warp's share; otherwise the block's affine (ra)
-        const float sa = per_warp ? warp_d * kMul1Inv : 1.0f;
-        const float sb = per_warp ? warp_d * kMul1C0 * static_cast<float>(warp_qs) : 0.0f;
+        // per-warp x': z = d_w * (k_inv * s + C0 * sum of q) for this warp's share; otherwise the block's affine (ra)
+        const float sa = prepped ? 1.0f : d_lane[cg] * kMul1Inv;
+        const float sb = prepped ? 0.0f : d_lane[cg] * kMul1C0 * static_cast<float>(qs_lane[cg]);
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int n = 16 * t + g;
@@ -1158,15 +1194,20 @@ bool mul1_int_path() {
 
 // The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
 // in both the fp16 and the integer kernel (one or two column groups).
+// Most rows mul1 takes through the integer kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing): 5..8 rows
+// take a second column group (two more mmas per tile). With the x' kernel in front that was no faster than the
+// fp16 kernel (kernels/PERF.md runs 24 and 31); with each warp preparing its own x' it is (run 43).
+int i8_max_rows() {
+  const char* v = getenv("SPARKCTL_EXL3_I8_MAX_ROWS");
+  return v && v[0] ? atoi(v) : 8;
+}
+
 bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
-  // 5..8 rows would take a second column group (two more mmas per tile): no faster than the fp16 kernel (4096x14336
-  // 8 rows 25.5 against 26.6 us, 14336x4096 24.9-26.2 against 23.9, kernels/PERF.md runs 24 and 31), so they
-  // stay on it.
-  if (cb == 2 && m <= 4 && mul1_int_path()) {
-#define EXL3_I8(K2_)                  \
-  if (k2 == K2_) {                    \
-    *out = info_i8<K2_, 1>();         \
-    return true;                      \
+  if (cb == 2 && m <= i8_max_rows() && mul1_int_path()) {
+#define EXL3_I8(K2_)                                          \
+  if (k2 == K2_) {                                            \
+    *out = m <= 4 ? info_i8<K2_, 1>() : info_i8<K2_, 2>();    \
+    return true;                                              \
   }
     EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
     EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)
@@ -1197,14 +1238,6 @@ bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
 
 thread_local char g_error[256];
 
-// Rows from which the input transform runs once per call in its own kernel (SPARKCTL_EXL3_XPREP_MIN_ROWS, default
-// 2): with one row the per-block transform is cheaper than a second launch.
-int xprep_min_rows() {
-  const char* v = getenv("SPARKCTL_EXL3_XPREP_MIN_ROWS");
-  if (v && v[0]) return atoi(v);
-  return 2;
-}
-
 // PDL needs sm_90+; SPARKCTL_EXL3_NO_PDL=1 turns it off (for A/B timing).
 bool use_pdl() {
   int dev = 0, major = 0;
@@ -1230,7 +1263,7 @@ int validate(const Exl3GemvParams* p, KernelInfo* k) {
 }
 
 int smem_for_chunks(const Exl3GemvParams* p, const KernelInfo& k, int max_chunks, bool prepped) {
-  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, prepped || p->m == 1, k.warps).total;
+  if (k.groups > 0) return SmemI8(p->m, k.groups, max_chunks, k.stage_bytes_per_warp, k.warps).total;
   return SmemLayout(p->m, max_chunks, k.stage_bytes_per_warp, prepped).total;
 }
 
@@ -1239,7 +1272,15 @@ int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool pr
   return smem_for_chunks(p, k, (n_chunks_k + ksplit - 1) / ksplit, prepped);
 }
 
-bool uses_xprep(const Exl3GemvParams* p) { return p->m >= xprep_min_rows(); }
+// Rows from which the input transform runs once per call in its own kernel (SPARKCTL_EXL3_XPREP_MIN_ROWS, for both
+// kernels when set): by default 2 for the fp16 kernel (with one row the per-block transform is cheaper than a
+// second launch) and never for the integer kernel, whose warps prepare their own x' for any row count (the x'
+// kernel and its copy cost 4-8 us per call there, kernels/PERF.md run 43).
+bool uses_xprep(const Exl3GemvParams* p, const KernelInfo& k) {
+  const char* v = getenv("SPARKCTL_EXL3_XPREP_MIN_ROWS");
+  if (v && v[0]) return p->m >= atoi(v);
+  return k.groups == 0 && p->m >= 2;
+}
 
 // One attribute of the current device.
 int device_attr(cudaDeviceAttr attr, const char* what, int* out) {
@@ -1274,8 +1315,8 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   const int n_chunks_k = p->in_features / 128;
   const int most = k.groups > 0 ? kMaxChunksPerBlockI8 : kMaxChunksPerBlock;
   int ks = (n_chunks_k + most - 1) / most;
-  while (ks < n_chunks_k && smem_bytes(p, k, ks, uses_xprep(p)) > limit) ++ks;
-  if (smem_bytes(p, k, ks, uses_xprep(p)) > limit) return EXL3_ERR_KSPLIT;
+  while (ks < n_chunks_k && smem_bytes(p, k, ks, uses_xprep(p, k)) > limit) ++ks;
+  if (smem_bytes(p, k, ks, uses_xprep(p, k)) > limit) return EXL3_ERR_KSPLIT;
   *out = ks;
   return EXL3_OK;
 }
@@ -1341,7 +1382,7 @@ int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   // x' scratch: fp16 fragments (fp16 kernel), or packed 16-bit x' with its scales (integer kernel)
   const size_t mi = static_cast<size_t>(p->m) * p->in_features;
   out->xprep_halfs =
-      !uses_xprep(p) ? 0 : (k.groups > 0 ? (XprepI8(p->m, ks, out->max_chunks, k.groups).bytes + 15) / 16 * 8 : mi);
+      !uses_xprep(p, k) ? 0 : (k.groups > 0 ? (XprepI8(p->m, ks, out->max_chunks, k.groups).bytes + 15) / 16 * 8 : mi);
   return EXL3_OK;
 }
 
