@@ -699,14 +699,14 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // (SPEC 2.3), so z[n] = sum_k w[k,n] x'[k] = k_inv * sum_k s[k,n] x'[k] + c0 * sum_k x'[k], c0 = 1024 k_inv + k_bias.
 // The byte sums need no instruction at all: the mma m16n8k32 u8 x s8 multiplies each of the hash's four bytes by
 // x'[k] repeated four times. x' is carried as 16-bit integers q = round(x' / d) (d = max |x'| / 32639 over what one
-// int32 sum covers: a warp's run of slabs for one row, the block's slice per row otherwise), split into two signed
+// int32 sum covers: a warp's run of slabs per row, or the block's slice per row with the x' kernel), split into two signed
 // bytes q = 256 hi + lo; hi and lo are two COLUMNS of the same
 // B operand (column 2r = hi of row r, 2r + 1 = lo), so a lane's C fragment holds both halves of one row and one
 // tile costs two mmas for up to 4 rows, as the fp16 path does, while the per-weight work drops from IMAD + DP4A
 // to IMAD alone. Sums are exact int32 (at most 4096 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
 // rounding is x' to 16 bits (about 1e-5 relative), far below the fp16 rounding of the other path's x'.
-// Up to 4 rows (8 columns: hi and lo of each) fit one group; the layout takes G groups of 4 rows, but only G = 1 is
-// built: rows 5..8 run faster on the fp16 kernel (see find_kernel).
+// Up to 4 rows (8 columns: hi and lo of each) fit one group; 5..8 rows take a second group (G = 2: four mmas per
+// tile; see find_kernel).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 
@@ -1172,7 +1172,7 @@ typedef void (*KernelFn)(const KernelArgs);
 struct KernelInfo {
   KernelFn fn;
   int stage_bytes_per_warp;
-  int groups;  // 0 = the fp16 kernel; 1 = the integer kernel (one column group: up to 4 rows)
+  int groups;  // 0 = the fp16 kernel; 1 or 2 = the integer kernel with that many column groups of 4 rows
   int warps;   // per block
 };
 
