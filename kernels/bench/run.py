@@ -220,7 +220,8 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                                 "gemv", case + " repeat bit-identical", 0.0 if same else math.inf, 0.0
                             )
 
-    # 2b. both input-transform paths (fused per block / separate kernel) for every row count
+    # 2b. both input-transform paths for every row count: fused (per block in the fp16 kernel, per warp in the
+    # integer kernel) and the separate x' kernel
     for min_rows in ("1", "99"):
         with _env(SPARKCTL_EXL3_XPREP_MIN_ROWS=min_rows):
             for k2, cb in ((4, "mul1"), (6, "3inst"), (5, "mul1")):

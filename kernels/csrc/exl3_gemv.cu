@@ -786,6 +786,28 @@ struct XprepI8 {
   }
 };
 
+// x' of one row for the warp's H chunks (this lane's 4 elements of each) and the warp's maximum |x'| over them.
+// Branch-free over the chunks, so their shuffle chains interleave.
+template <int H>
+__device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2 (&sv)[H], float (&v)[H][4], int lane) {
+  float mx = 0.0f;
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    xprime_values(xv[h], sv[h], v[h], lane);
+    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
+  }
+  return warp_max_abs(mx);
+}
+
+// This lane's B word of one chunk: q = round(x' * inv) of its 4 values (k = 2c, 2c+1, 2c+8, 2c+9) as hi and lo
+// bytes; returns the sum of the four q.
+__device__ __forceinline__ int quantise_word(const float (&v)[4], float inv, uint32_t& hw, uint32_t& lw) {
+  const int q[4] = {__float2int_rn(v[0] * inv), __float2int_rn(v[1] * inv), __float2int_rn(v[2] * inv),
+                    __float2int_rn(v[3] * inv)};
+  split_hi_lo(q, hw, lw);
+  return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
 // The one-row prologue of the integer kernel, done by each warp for itself: the warp needs x' only for the 128-chunks
 // its run of n slabs (k-tile rows r0 .. r0+n-1, n >= 1) touches (at most H). It loads their x and suh straight into
 // registers, transforms them, quantises them with a scale of its own (its maximum |x'|) and packs the B words of its
@@ -810,15 +832,8 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
   }
   ring.load();  // one slab now, the rest once x' is packed: x comes back sooner (kernels/PERF.md run 34)
   EXL3_STAMP(2);
-  // Branch-free over the H chunks, so their shuffle chains interleave.
   float v[H][4];
-  float mx = 0.0f;
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    xprime_values(xv[h], sv[h], v[h], lane);
-    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
-  }
-  mx = warp_max_abs(mx);
+  const float mx = xprime_chunks<H>(xv, sv, v, lane);
   const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
   int qs = 0;
 #pragma unroll
@@ -826,13 +841,9 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
     // this lane's 4 elements lie in k-tile row 8 * chunk + sl (16 elements per row), as do the words it writes
     const int row = 8 * (cfirst + h) + sl;
     const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
-    const int q[4] = {__float2int_rn(v[h][0] * inv), __float2int_rn(v[h][1] * inv), __float2int_rn(v[h][2] * inv),
-                      __float2int_rn(v[h][3] * inv)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (mine) qs += q[j];
     uint32_t hw, lw;  // this lane's B word (k = 2c, 2c+1, 2c+8, 2c+9) as hi and lo bytes
-    split_hi_lo(q, hw, lw);
+    const int sum = quantise_word(v[h], inv, hw, lw);
+    if (mine) qs += sum;
     if (mine) {
       // the B words with each byte already repeated four times (kBRepeated), so the main loop loads them as they are
       uint4* dst = reinterpret_cast<uint4*>(xq + (row - r0) * 32);
@@ -870,28 +881,21 @@ __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t
     }
   }
   ring.load();
+  EXL3_STAMP(2);
 #pragma unroll
   for (int r = 0; r < 4 * G; ++r) {
     if (r < m) {
       float v[H][4];
-      float mx = 0.0f;
-#pragma unroll
-      for (int h = 0; h < H; ++h) {
-        xprime_values(xv[r][h], sv[h], v[h], lane);
-        mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
-      }
-      mx = warp_max_abs(mx);
+      const float mx = xprime_chunks<H>(xv[r], sv, v, lane);
       const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
       int qs = 0;
 #pragma unroll
       for (int h = 0; h < H; ++h) {
         const int row = 8 * (cfirst + h) + sl;
         const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
-        const int q[4] = {__float2int_rn(v[h][0] * inv), __float2int_rn(v[h][1] * inv),
-                          __float2int_rn(v[h][2] * inv), __float2int_rn(v[h][3] * inv)};
-        if (mine) qs += (q[0] + q[1]) + (q[2] + q[3]);
         uint32_t hw, lw;
-        split_hi_lo(q, hw, lw);
+        const int sum = quantise_word(v[h], inv, hw, lw);
+        if (mine) qs += sum;
         if (mine) {
           uint32_t* dst = xq + ((row - r0) * G + (r >> 2)) * 32 + 8 * (r & 3) + c;
           dst[0] = hw;
@@ -905,7 +909,6 @@ __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t
       }
     }
   }
-  EXL3_STAMP(2);
 #pragma unroll
   for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
   __syncwarp();
@@ -1045,12 +1048,8 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 #pragma unroll
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
-  if constexpr (G == 1) {
-    if (m == 1 && !prepped) {  // the one-row B layout (warp_prologue)
-      i8_slabs<K2, G, true>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
-    } else {
-      i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
-    }
+  if (G == 1 && m == 1 && !prepped) {  // the one-row B layout (warp_prologue); never taken with two groups
+    i8_slabs<K2, G, G == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
   } else {
     i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
   }
