@@ -33,7 +33,7 @@ _SPILL = re.compile(
 )
 _USED = re.compile(r"Used (?P<regs>\d+) registers(?:, used \d+ barriers)?(?:, (?P<smem>\d+) bytes smem)?")
 _GEMV = re.compile(r"gemv_kernelILi(?P<k2>\d+)ELi(?P<cb>\d)E")
-_GEMV_I8 = re.compile(r"gemv_i8_kernelILi(?P<k2>\d+)ELi(?P<g>\d)E")
+_GEMV_I8 = re.compile(r"gemv_i8_kernelILi(?P<k2>\d+)ELi(?P<rows>\d)E")
 _CODEBOOKS = ("3inst", "mcg", "mul1")
 
 
@@ -55,8 +55,8 @@ class KernelReport:
         if m:
             return f"gemv K={_bits(int(m['k2']))} {_CODEBOOKS[int(m['cb'])]}"
         m = _GEMV_I8.search(self.name)
-        if m:  # the integer-tensor-core mul1 kernel, one instance per column group count (4 rows each)
-            return f"gemv-i8 K={_bits(int(m['k2']))} rows<={4 * int(m['g'])}"
+        if m:  # the integer-tensor-core mul1 kernel, one instance per row class: 1, 2, 3-4, 5-8 rows
+            return f"gemv-i8 K={_bits(int(m['k2']))} rows<={m['rows']}"
         return _unqualified(self.name)
 
 

@@ -710,15 +710,30 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 
-// Four quantised x' values as their hi and lo signed bytes, q = 256 hi + lo, byte j of each word for q[j].
-__device__ __forceinline__ void split_hi_lo(const int (&q)[4], uint32_t& hi_bytes, uint32_t& lo_bytes) {
-  hi_bytes = lo_bytes = 0;
+// 1 / (the quantisation step) for a warp maximum mx: |x' * inv| <= kQMax. One MUFU.RCP (within 1 ulp, which the
+// rounding in quantise_word absorbs: kQMax * (1 + 2^-22) still rounds to kQMax) instead of a division's
+// denormal-safe sequence; a maximum below 1e-30 (or 0) quantises everything to 0.
+__device__ __forceinline__ float quant_inv(float mx) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(mx));
+  return mx > 1e-30f ? kQMax * r : 0.0f;
+}
+
+// This lane's B word of one chunk: q = round(x' * inv) of its 4 values (k = 2c, 2c+1, 2c+8, 2c+9) as hi and lo
+// bytes; returns the sum of the four q. One FFMA per value does the rounding: v * inv + 1.5 * 2^23 + 128 has the
+// bits 0x4B400080 + q, so byte 0 is (q mod 256) ^ 0x80 (the lo byte), byte 1 is (q + 128) >> 8 mod 256 (the hi
+// byte, q = 256 hi + lo with lo in [-128, 127]); 4 PRMT gather them. (F2I and the shifts took 27 instructions.)
+__device__ __forceinline__ int quantise_word(const float (&v)[4], float inv, uint32_t& hw, uint32_t& lw) {
+  constexpr float kMagic = 12583040.0f;  // 1.5 * 2^23 + 128
+  constexpr uint32_t kMagicBits = 0x4B400080u;
+  uint32_t b[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int hi = (q[j] + 128) >> 8;  // |q| <= 32639 keeps hi in [-127, 127] and lo = q - 256 hi in [-128, 127]
-    hi_bytes |= static_cast<uint32_t>(hi & 0xFF) << (8 * j);
-    lo_bytes |= static_cast<uint32_t>((q[j] - (hi << 8)) & 0xFF) << (8 * j);
-  }
+  for (int j = 0; j < 4; ++j) b[j] = __float_as_uint(fmaf(v[j], inv, kMagic));
+  const uint32_t b01 = __byte_perm(b[0], b[1], 0x5140);  // lo(q0) lo(q1) hi(q0) hi(q1), lo bytes still ^ 0x80
+  const uint32_t b23 = __byte_perm(b[2], b[3], 0x5140);
+  lw = __byte_perm(b01, b23, 0x5410) ^ 0x80808080u;
+  hw = __byte_perm(b01, b23, 0x7632);
+  return static_cast<int>((b[0] + b[1]) + (b[2] + b[3]) - 4u * kMagicBits);
 }
 
 // The four bytes of w (x' parts for k = 2c, 2c+1, 2c+8, 2c+9), each repeated four times: the B registers of a slab
@@ -749,14 +764,13 @@ __device__ __forceinline__ int pack_chunk(const float* xc, float inv, uint32_t* 
   const int sl = lane >> 2, c = lane & 3;
   const float2 a = *reinterpret_cast<const float2*>(xc + 16 * sl + 2 * c);
   const float2 b = *reinterpret_cast<const float2*>(xc + 16 * sl + 2 * c + 8);
-  const int q[4] = {__float2int_rn(a.x * inv), __float2int_rn(a.y * inv), __float2int_rn(b.x * inv),
-                    __float2int_rn(b.y * inv)};
+  const float v[4] = {a.x, a.y, b.x, b.y};
   uint32_t hw, lw;
-  split_hi_lo(q, hw, lw);
+  const int sum = quantise_word(v, inv, hw, lw);
   uint32_t* dst = xq + ((slab0 + sl) * groups + (row >> 2)) * 32 + 8 * (row & 3) + c;
   dst[0] = hw;
   dst[4] = lw;
-  return __reduce_add_sync(0xFFFFFFFFu, (q[0] + q[1]) + (q[2] + q[3]));
+  return __reduce_add_sync(0xFFFFFFFFu, sum);
 }
 
 struct SmemI8 {
@@ -786,26 +800,83 @@ struct XprepI8 {
   }
 };
 
-// x' of one row for the warp's H chunks (this lane's 4 elements of each) and the warp's maximum |x'| over them.
-// Branch-free over the chunks, so their shuffle chains interleave.
+// x' through the tensor cores (the integer kernel's prologues; EXL3_XPRIME_SHFL builds the shuffle butterfly
+// instead, for A/B timing). Element i = 16a + b of a chunk (a = 0..7, b = 0..15) and H128 = H8 (x) H16, so
+// x'*sqrt(128) = H8 . X . H16 with X[a][b]: two mmas and no shuffles, where the butterfly takes 20 shuffles and
+// ~50 dependent adds per row and chunk (its issue slots made the 8-row prologue ~7 us, kernels/PERF.md run 43).
+// 1. P^T = (H16 / 16) . X^T as one m16n8k16 (A = the constant H16, B = X^T: lane (g, c) holds x*suh at 16g + 2c,
+//    +1, +8, +9, exactly the elements it loads), exact in fp32 (16 fp16 terms of one sign pattern).
+// 2. Z = H8 . P as an m16n8k16 per 8 columns b, P entering as fp16 hi + lo parts along k (A = [H8 | H8], rows
+//    8..15 unused): P / 16 cannot overflow fp16 (it is at most the largest |x*suh|, itself an fp16), hi + lo
+//    carries 22 bits. The C fragment of stage 1 is the B fragment of stage 2 as it stands, and stage 2's C
+//    fragment is lane (g, c)'s x' at 16g + 2c, +1, +8, +9: the four values of its own B word of slab g.
+// The values come out multiplied by sqrt(128) / 16 (kXpScale undoes it in the scale d, so q is unchanged).
+#ifndef EXL3_XPRIME_SHFL
+constexpr float kXpScale = kHadScale * 16.0f;
+struct HadFrags {
+  uint32_t h16[4];  // H16 / 16 as the stage-1 A fragment
+  uint32_t h8;      // (H8[g][2c], H8[g][2c+1]) as fp16: stage 2's A fragment is {h8, 0, h8, 0}
+};
+// fp16 pair (s * H[i][j], s * H[i][j + 1]) of the Sylvester Hadamard H[i][j] = (-1)^popc(i & j)
+__device__ __forceinline__ uint32_t had_pair(int i, int j, uint32_t pos, uint32_t neg) {
+  return ((__popc(i & j) & 1) ? neg : pos) | (((__popc(i & (j + 1)) & 1) ? neg : pos) << 16);
+}
+__device__ __forceinline__ HadFrags had_frags(int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  constexpr uint32_t kP16 = 0x2C00u, kN16 = 0xAC00u;  // +-1/16
+  HadFrags f;
+  f.h16[0] = had_pair(g, 2 * c, kP16, kN16);
+  f.h16[1] = had_pair(g + 8, 2 * c, kP16, kN16);
+  f.h16[2] = had_pair(g, 2 * c + 8, kP16, kN16);
+  f.h16[3] = had_pair(g + 8, 2 * c + 8, kP16, kN16);
+  f.h8 = had_pair(g, 2 * c, 0x3C00u, 0xBC00u);
+  return f;
+}
+// fp16 hi and lo parts of (a, b): hi = rn(a, b), lo = rn of the remainders
+__device__ __forceinline__ void split_h2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  hi = h2_as_u32(h);
+  lo = h2_as_u32(__floats2half2_rn(a - hf.x, b - hf.y));
+}
+__device__ __forceinline__ void xprime_mma(uint2 xv, uint2 sv, const HadFrags& f, float (&v)[4]) {
+  float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_16816(p, f.h16, h2_as_u32(__hmul2(u32_as_h2(xv.x), u32_as_h2(sv.x))),
+            h2_as_u32(__hmul2(u32_as_h2(xv.y), u32_as_h2(sv.y))));
+  const uint32_t a2[4] = {f.h8, 0u, f.h8, 0u};
+  uint32_t hi, lo;
+  float z0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  split_h2(p[0], p[1], hi, lo);  // columns b = g (P^T rows g): n-tile 0
+  mma_16816(z0, a2, hi, lo);
+  split_h2(p[2], p[3], hi, lo);  // b = g + 8: n-tile 1
+  mma_16816(z1, a2, hi, lo);
+  v[0] = z0[0];
+  v[1] = z0[1];
+  v[2] = z1[0];
+  v[3] = z1[1];
+}
+#else
+constexpr float kXpScale = 1.0f;
+struct HadFrags {};
+__device__ __forceinline__ HadFrags had_frags(int) { return HadFrags{}; }
+#endif
+
+// x' of one row for the warp's H chunks (this lane's 4 elements of each, in units of kXpScale) and the warp's
+// maximum |x'| over them. Branch-free over the chunks, so their chains interleave.
 template <int H>
-__device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2 (&sv)[H], float (&v)[H][4], int lane) {
+__device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2 (&sv)[H], float (&v)[H][4],
+                                               const HadFrags& f, int lane) {
   float mx = 0.0f;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
+#ifndef EXL3_XPRIME_SHFL
+    xprime_mma(xv[h], sv[h], f, v[h]);
+#else
     xprime_values(xv[h], sv[h], v[h], lane);
+#endif
     mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
   }
   return warp_max_abs(mx);
-}
-
-// This lane's B word of one chunk: q = round(x' * inv) of its 4 values (k = 2c, 2c+1, 2c+8, 2c+9) as hi and lo
-// bytes; returns the sum of the four q.
-__device__ __forceinline__ int quantise_word(const float (&v)[4], float inv, uint32_t& hw, uint32_t& lw) {
-  const int q[4] = {__float2int_rn(v[0] * inv), __float2int_rn(v[1] * inv), __float2int_rn(v[2] * inv),
-                    __float2int_rn(v[3] * inv)};
-  split_hi_lo(q, hw, lw);
-  return (q[0] + q[1]) + (q[2] + q[3]);
 }
 
 // The one-row prologue of the integer kernel, done by each warp for itself: the warp needs x' only for the 128-chunks
@@ -833,8 +904,8 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
   ring.load();  // one slab now, the rest once x' is packed: x comes back sooner (kernels/PERF.md run 34)
   EXL3_STAMP(2);
   float v[H][4];
-  const float mx = xprime_chunks<H>(xv, sv, v, lane);
-  const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
+  const float mx = xprime_chunks<H>(xv, sv, v, had_frags(lane), lane);
+  const float inv = quant_inv(mx);
   int qs = 0;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
@@ -855,7 +926,7 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 #pragma unroll
   for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
   __syncwarp();
-  return mx / kQMax;
+  return mx * (kXpScale / kQMax);
 }
 
 // The prologue of a warp for 2..4G rows (one row: warp_prologue): the same per-warp x' as one row, with a scale
@@ -863,49 +934,93 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 // at lane slots 8 (r % 4) + c and + 4 of column group r / 4, as xprep_i8_kernel writes them). The separate x'
 // kernel and the block's copy of its output cost 4-8 us per call (kernels/PERF.md run 43). Each lane ends with
 // the scale and the sum of q of the rows its C fragment holds (row 4 cg + c of group cg), in d_lane / qs_lane.
-template <int H, int G, typename Ring>
+template <int H, int kRowCap, typename Ring>
 __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n,
-                                                   int lane, float (&d_lane)[G], int (&qs_lane)[G]) {
+                                                   int lane, float (&d_lane)[kRowCap > 4 ? 2 : 1],
+                                                   int (&qs_lane)[kRowCap > 4 ? 2 : 1]) {
+  constexpr int G = kRowCap > 4 ? 2 : 1;
+  constexpr int kGroupRows = kRowCap < 4 ? kRowCap : 4;  // rows computed per column group
   const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;
   const int c = lane & 3, sl = lane >> 2;
   const int m = p.m;
-  uint2 xv[4 * G][H], sv[H];  // elements 16 sl + 2c, +1, +8, +9 of each chunk, as in warp_prologue
+  // elements 16 sl + 2c, +1, +8, +9 of each chunk, as in warp_prologue; x for one column group at a time (all
+  // eight rows' loads at once left too few registers for two groups: spills)
+  uint2 xv[kGroupRows][H], sv[H];
+  auto load_x = [&](int cg) {
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;
+#pragma unroll
+      for (int i = 0; i < kGroupRows; ++i) {
+        const __half* xr = p.x + static_cast<size_t>(min(4 * cg + i, m - 1)) * p.in_features + off;  // past m: a repeat
+        xv[i][h] = make_uint2(*reinterpret_cast<const uint32_t*>(xr), *reinterpret_cast<const uint32_t*>(xr + 8));
+      }
+    }
+  };
 #pragma unroll
   for (int h = 0; h < H; ++h) {
     const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;
     sv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.suh + off), *reinterpret_cast<const uint32_t*>(p.suh + off + 8));
-#pragma unroll
-    for (int r = 0; r < 4 * G; ++r) {
-      const __half* xr = p.x + static_cast<size_t>(min(r, m - 1)) * p.in_features + off;  // past m: a repeat
-      xv[r][h] = make_uint2(*reinterpret_cast<const uint32_t*>(xr), *reinterpret_cast<const uint32_t*>(xr + 8));
+  }
+  load_x(0);
+#ifndef EXL3_NO_X_PREFETCH
+  if constexpr (G == 2) {
+    // the second group's x into L1 now (no registers to hold it), so its loads below do not wait on L2
+    for (int j = lane; j < 8 * H; j += 32) {
+      const int i = j / (2 * H), h = (j >> 1) % H;
+      const __half* xr = p.x + static_cast<size_t>(min(4 + i, m - 1)) * p.in_features +
+                         static_cast<size_t>(min(cfirst + h, clast)) * 128 + (j & 1) * 64;
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(xr));
     }
   }
+#endif
   ring.load();
   EXL3_STAMP(2);
+  const HadFrags f = had_frags(lane);
+  // The rows of a column group two at a time (rows past m repeat the last one; their words go to B columns no
+  // row reads), so their mma and reduction chains overlap: one row at a time, each waited on its own chain; four at
+  // a time held so many values that 3-4 rows were 0.1-0.5 us slower and two groups spilled (kernels/PERF.md run 45).
+  // -DEXL3_ROWS_PASS=N (A/B timing) sets the pass for one group.
+#ifndef EXL3_ROWS_PASS
+#define EXL3_ROWS_PASS 2
+#endif
+  constexpr int P = G == 1 && kGroupRows < EXL3_ROWS_PASS ? kGroupRows : G == 1 ? EXL3_ROWS_PASS : 2;
 #pragma unroll
-  for (int r = 0; r < 4 * G; ++r) {
-    if (r < m) {
-      float v[H][4];
-      const float mx = xprime_chunks<H>(xv[r], sv, v, lane);
-      const float inv = mx > 0.0f ? kQMax / mx : 0.0f;
-      int qs = 0;
+  for (int cg = 0; cg < G; ++cg) {
+    if (cg > 0) load_x(cg);
+    float mx[4];
+    int qs[4];
 #pragma unroll
-      for (int h = 0; h < H; ++h) {
-        const int row = 8 * (cfirst + h) + sl;
-        const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
-        uint32_t hw, lw;
-        const int sum = quantise_word(v[h], inv, hw, lw);
-        if (mine) qs += sum;
-        if (mine) {
-          uint32_t* dst = xq + ((row - r0) * G + (r >> 2)) * 32 + 8 * (r & 3) + c;
-          dst[0] = hw;
-          dst[4] = lw;
+    for (int i0 = 0; i0 < kGroupRows; i0 += P) {
+      float v[P][H][4];
+#pragma unroll
+      for (int i = 0; i < P; ++i) mx[i0 + i] = xprime_chunks<H>(xv[i0 + i], sv, v[i], f, lane);
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const float inv = quant_inv(mx[i0 + i]);
+        int sum_q = 0;
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+          const int row = 8 * (cfirst + h) + sl;
+          const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
+          uint32_t hw, lw;
+          const int sum = quantise_word(v[i][h], inv, hw, lw);
+          if (mine) {
+            sum_q += sum;
+            uint32_t* dst = xq + ((row - r0) * G + cg) * 32 + 8 * (i0 + i) + c;
+            dst[0] = hw;
+            dst[4] = lw;
+          }
         }
+        qs[i0 + i] = __reduce_add_sync(0xFFFFFFFFu, sum_q);
       }
-      qs = __reduce_add_sync(0xFFFFFFFFu, qs);
-      if ((r & 3) == c) {
-        d_lane[r >> 2] = mx / kQMax;
-        qs_lane[r >> 2] = qs;
+    }
+    // lane (g, c) keeps row 4 cg + c's scale and sum of q (its C fragment's row; rows past the cap: none)
+#pragma unroll
+    for (int i = 0; i < kGroupRows; ++i) {
+      if (c == i) {
+        d_lane[cg] = mx[i] * (kXpScale / kQMax);
+        qs_lane[cg] = qs[i];
       }
     }
   }
@@ -959,10 +1074,11 @@ __device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, c
 
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
 // that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
-template <int K2, int G, int NW>
+template <int K2, int kRowCap, int NW>
 __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* smem, int col_chunk, int c0, int nch,
                                            int slot, int contributors) {
   using R = Rate<K2>;
+  constexpr int G = kRowCap > 4 ? 2 : 1;  // column groups of 4 rows
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -994,7 +1110,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
       constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
       const bool aligned = (8 * nch) % (8 * NW) == 0;
-      if (m == 1) {
+      if constexpr (kRowCap == 1) {
         float& d = d_lane[0];
         int* qs = &qs_lane[0];
         if (aligned && n <= 8) d = warp_prologue<1>(p, xq, ring, r0, n, lane, qs);
@@ -1005,9 +1121,9 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
         else d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, qs);
       } else {
         static_assert(kMaxRun <= 16, "the rows prologue takes runs of at most 16 slabs");
-        if (aligned && n <= 8) warp_prologue_rows<1, G>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
-        else if (aligned) warp_prologue_rows<2, G>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
-        else warp_prologue_rows<warp_chunks(15), G>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
+        if (aligned && n <= 8) warp_prologue_rows<1, kRowCap>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
+        else if (aligned) warp_prologue_rows<2, kRowCap>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
+        else warp_prologue_rows<warp_chunks(15), kRowCap>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
       }
     }
     if (tid < m) {
@@ -1048,7 +1164,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 #pragma unroll
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
-  if (G == 1 && m == 1 && !prepped) {  // the one-row B layout (warp_prologue); never taken with two groups
+  if (kRowCap == 1 && !prepped) {  // the one-row B layout (warp_prologue)
     i8_slabs<K2, G, G == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
   } else {
     i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
@@ -1089,7 +1205,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 // One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel. (A stream-K grid,
 // equal runs of units crossing column chunks, balanced the main loops but paid the per-segment prologue and end
 // twice in most blocks: 22.3 us against 21.2, kernels/PERF.md run 23.)
-template <int K2, int G>
+template <int K2, int kRowCap>
 __global__ void __launch_bounds__(kWarpsI8 * 32, EXL3_I8_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int n_k = p.in_features >> 7;
@@ -1098,7 +1214,7 @@ __global__ void __launch_bounds__(kWarpsI8 * 32, EXL3_I8_MIN_BLOCKS) gemv_i8_ker
   const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_k / p.ksplit);
   grid_dependency_wait();
   EXL3_STAMP(0);
-  i8_segment<K2, G, kWarpsI8>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
+  i8_segment<K2, kRowCap, kWarpsI8>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
 }
 
 // x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the fp16 GEMV reads: done once
@@ -1152,7 +1268,7 @@ __global__ void __launch_bounds__(kThreads) xprep_i8_kernel(const __half* x, con
   const XprepI8 X(m, ksplit, max_chunks, groups);  // the layout the GEMV blocks copy from
   uint32_t* xq = reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(xq_out) + split * X.split_bytes);
   for (int ch = warp; ch < c1 - c0; ch += kWarps) {
-    const int qs = pack_chunk(xs + ch * 128, amax > 0.0f ? kQMax / amax : 0.0f, xq, 8 * ch, groups, row, lane);
+    const int qs = pack_chunk(xs + ch * 128, quant_inv(amax), xq, 8 * ch, groups, row, lane);
     if (lane == 0) atomicAdd(&qsum, qs);
   }
   __syncthreads();
@@ -1180,9 +1296,10 @@ KernelInfo info_of() {
   return KernelInfo{gemv_kernel<K2, CB>, ring_stages<K2, kWarps>() * Rate<K2>::kSlabBytes, 0, kWarps};
 }
 
-template <int K2, int G>
+template <int K2, int kRowCap>
 KernelInfo info_i8() {
-  return KernelInfo{gemv_i8_kernel<K2, G>, ring_stages<K2, kWarpsI8>() * Rate<K2>::kSlabBytes, G, kWarpsI8};
+  return KernelInfo{gemv_i8_kernel<K2, kRowCap>, ring_stages<K2, kWarpsI8>() * Rate<K2>::kSlabBytes,
+                    kRowCap > 4 ? 2 : 1, kWarpsI8};
 }
 
 // mul1 goes through the integer kernel unless SPARKCTL_EXL3_MUL1_PATH=fp16 (kept for A/B timing and checks).
@@ -1192,7 +1309,9 @@ bool mul1_int_path() {
 }
 
 // The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
-// in both the fp16 and the integer kernel (one or two column groups).
+// in both the fp16 and the integer kernel. The integer kernel has four row classes: one row (its own B layout and
+// prologue, whose registers the multi-row code must not touch: kernels/PERF.md run 44), 2 rows and 3-4 rows (one
+// column group; the prologue computes the class's rows together, so 2 rows do not pay for 4) and 5-8 rows (two).
 // Most rows mul1 takes through the integer kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing): 5..8 rows
 // take a second column group (two more mmas per tile). With the x' kernel in front that was no faster than the
 // fp16 kernel (kernels/PERF.md runs 24 and 31); with each warp preparing its own x' it is (run 43).
@@ -1203,10 +1322,13 @@ int i8_max_rows() {
 
 bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
   if (cb == 2 && m <= i8_max_rows() && mul1_int_path()) {
-#define EXL3_I8(K2_)                                          \
-  if (k2 == K2_) {                                            \
-    *out = m <= 4 ? info_i8<K2_, 1>() : info_i8<K2_, 2>();    \
-    return true;                                              \
+#define EXL3_I8(K2_)                                                                 \
+  if (k2 == K2_) {                                                                   \
+    *out = m == 1   ? info_i8<K2_, 1>()                                             \
+           : m == 2 ? info_i8<K2_, 2>()                                             \
+           : m <= 4 ? info_i8<K2_, 4>()                                             \
+                    : info_i8<K2_, 8>();                                            \
+    return true;                                                                     \
   }
     EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
     EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)

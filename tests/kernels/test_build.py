@@ -36,11 +36,12 @@ NVCC = build_kernels.find_nvcc()
 EXPECTED_GEMV = {f"gemv K={k} {cb}" for k in range(1, 9) for cb in ("3inst", "mcg", "mul1")} | {
     f"gemv K={k} mul1" for k in ("1.5", "2.5", "3.5")
 }
-# mul1 (1 to 8 rows) also runs through the integer-tensor-core kernel, one instance per rate and column group
+# mul1 (1 to 8 rows) also runs through the integer-tensor-core kernel, one instance per rate and row class (one
+# row; 2 and 3-4 rows on one column group; 5-8 rows on two)
 EXPECTED_GEMV_I8 = {
     f"gemv-i8 K={k} rows<={r}"
     for k in ("1", "1.5", "2", "2.5", "3", "3.5", "4", "5", "6", "7", "8")
-    for r in (4, 8)
+    for r in (1, 2, 4, 8)
 }
 
 
