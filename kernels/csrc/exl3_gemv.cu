@@ -7,11 +7,11 @@
 // * The GEMV is computed transposed, y^T = W_hat^T . x'^T, so that a 16x16 trellis tile is the mma A operand
 //   (16 output columns x 16 inputs) and the up-to-8 input rows are the n8 B operand. A lane's 8 trellis positions
 //   (SPEC 3) are exactly its A-fragment elements, so each lane decodes its own 8 weights straight into registers.
-// * Block = 8 warps on one 128-wide column chunk and a contiguous slice of 128-row input chunks (split-K).
-//   Each warp streams 16-row slabs (8 tiles = 128 columns, 128*k2 contiguous bytes) through a private cp.async
-//   ring in shared memory, with no block barriers in the main loop.
+// * Block = 8 warps (16 in the integer kernel) on one 128-wide column chunk and a contiguous slice of 128-row
+//   input chunks (split-K). Each warp streams 16-row slabs (8 tiles = 128 columns, 128*k2 contiguous bytes)
+//   through a private cp.async ring in shared memory, with no block barriers in the main loop.
 // * The input side (x * suh, then the 128-point Hadamard) is computed per block into shared memory, already in
-//   B-fragment order. The output side (Hadamard, then * svh) runs once per column chunk in the block that
+//   B-fragment order; the integer kernel's warps each compute their own share in registers, on the tensor cores. The output side (Hadamard, then * svh) runs once per column chunk in the block that
 //   finishes last (a counter per chunk; the partial sums of the other slices come through global memory in a
 //   fixed order, so results are deterministic), which also rounds to fp16.
 
@@ -805,7 +805,7 @@ struct XprepI8 {
 // x'*sqrt(128) = H8 . X . H16 with X[a][b]: two mmas and no shuffles, where the butterfly takes 20 shuffles and
 // ~50 dependent adds per row and chunk (its issue slots made the 8-row prologue ~7 us, kernels/PERF.md run 43).
 // 1. P^T = (H16 / 16) . X^T as one m16n8k16 (A = the constant H16, B = X^T: lane (g, c) holds x*suh at 16g + 2c,
-//    +1, +8, +9, exactly the elements it loads), exact in fp32 (16 fp16 terms of one sign pattern).
+//    +1, +8, +9, exactly the elements it loads), accumulated in fp32.
 // 2. Z = H8 . P as an m16n8k16 per 8 columns b, P entering as fp16 hi + lo parts along k (A = [H8 | H8], rows
 //    8..15 unused): P / 16 cannot overflow fp16 (it is at most the largest |x*suh|, itself an fp16), hi + lo
 //    carries 22 bits. The C fragment of stage 1 is the B fragment of stage 2 as it stands, and stage 2's C
