@@ -416,13 +416,20 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
   }
   if (contributors > 1) {
     __shared__ int is_last;
-    // One fence, by the thread that signals: the barrier orders every thread's partial stores before it, and the
-    // fence is cumulative, so the counter's increment publishes them all (the usual "last block" pattern).
+    // The thread that signals does it with one acquire-release atomic: the barrier orders every thread's partial
+    // stores before it and a gpu-scope release is cumulative, so the increment publishes them all; its acquire
+    // half (then the barrier below) orders the last block's reads of the other slices after their increments.
+    // (The usual "last block" pattern; -DEXL3_FENCED_COUNTER keeps the two full fences it replaced, for A/B.)
     __syncthreads();
     if (tid == 0) {
+#ifdef EXL3_FENCED_COUNTER
       __threadfence();
       const int done = atomicAdd(p.counters + col_chunk, 1);
       __threadfence();
+#else
+      int done;
+      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + col_chunk) : "memory");
+#endif
       is_last = (done == contributors - 1);
     }
     __syncthreads();
