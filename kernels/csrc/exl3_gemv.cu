@@ -11,9 +11,10 @@
 //   input chunks (split-K). Each warp streams 16-row slabs (8 tiles = 128 columns, 128*k2 contiguous bytes)
 //   through a private cp.async ring in shared memory, with no block barriers in the main loop.
 // * The input side (x * suh, then the 128-point Hadamard) is computed per block into shared memory, already in
-//   B-fragment order; the integer kernel's warps each compute their own share in registers, on the tensor cores. The output side (Hadamard, then * svh) runs once per column chunk in the block that
-//   finishes last (a counter per chunk; the partial sums of the other slices come through global memory in a
-//   fixed order, so results are deterministic), which also rounds to fp16.
+//   B-fragment order; the integer kernel's warps each compute their own share in registers, on the tensor cores.
+//   The output side (Hadamard, then * svh) runs once per column chunk in the block that finishes last (a counter
+//   per chunk; the partial sums of the other slices come through global memory in a fixed order, so results are
+//   deterministic), which also rounds to fp16.
 
 #include "exl3_gemv.h"
 
@@ -868,6 +869,12 @@ struct HadFrags {};
 __device__ __forceinline__ HadFrags had_frags(int) { return HadFrags{}; }
 #endif
 
+// Lane (sl, c)'s four fp16 elements of a 128-chunk, 16 sl + 2c, +1, +8, +9, with v at the first: two 32-bit words
+// 8 elements apart (the layout of its B word, which both the tensor-core transform and the butterfly take).
+__device__ __forceinline__ uint2 lane_elems(const __half* v) {
+  return make_uint2(*reinterpret_cast<const uint32_t*>(v), *reinterpret_cast<const uint32_t*>(v + 8));
+}
+
 // x' of one row for the warp's H chunks (this lane's 4 elements of each, in units of kXpScale) and the warp's
 // maximum |x'| over them. Branch-free over the chunks, so their chains interleave.
 template <int H>
@@ -899,14 +906,14 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
   const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;  // the chunks of x the run lies in
   const int c = lane & 3, sl = lane >> 2;
   // Lane (sl, c) takes elements 16 sl + 2c, +1, +8, +9 of each chunk: the four x' values of its own B word of slab sl
-  // (k = 2c, 2c+1, 2c+8, 2c+9). The butterfly below is over all seven index bits whichever lane and slot hold them,
-  // so no shuffles are needed afterwards to gather a word's values (there were four per chunk).
+  // (k = 2c, 2c+1, 2c+8, 2c+9), which is where the tensor-core transform leaves them (xprime_mma), so no shuffles
+  // are needed afterwards to gather a word's values.
   uint2 xv[H], sv[H];
 #pragma unroll
   for (int h = 0; h < H; ++h) {
     const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;  // past clast: a repeat
-    xv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.x + off), *reinterpret_cast<const uint32_t*>(p.x + off + 8));
-    sv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.suh + off), *reinterpret_cast<const uint32_t*>(p.suh + off + 8));
+    xv[h] = lane_elems(p.x + off);
+    sv[h] = lane_elems(p.suh + off);
   }
   ring.load();  // one slab now, the rest once x' is packed: x comes back sooner (kernels/PERF.md run 34)
   EXL3_STAMP(2);
@@ -958,16 +965,14 @@ __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t
     for (int h = 0; h < H; ++h) {
       const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;
 #pragma unroll
-      for (int i = 0; i < kGroupRows; ++i) {
-        const __half* xr = p.x + static_cast<size_t>(min(4 * cg + i, m - 1)) * p.in_features + off;  // past m: a repeat
-        xv[i][h] = make_uint2(*reinterpret_cast<const uint32_t*>(xr), *reinterpret_cast<const uint32_t*>(xr + 8));
-      }
+      for (int i = 0; i < kGroupRows; ++i)  // past m: a repeat
+        xv[i][h] = lane_elems(p.x + static_cast<size_t>(min(4 * cg + i, m - 1)) * p.in_features + off);
     }
   };
 #pragma unroll
   for (int h = 0; h < H; ++h) {
     const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;
-    sv[h] = make_uint2(*reinterpret_cast<const uint32_t*>(p.suh + off), *reinterpret_cast<const uint32_t*>(p.suh + off + 8));
+    sv[h] = lane_elems(p.suh + off);
   }
   load_x(0);
 #ifndef EXL3_NO_X_PREFETCH
@@ -991,7 +996,9 @@ __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t
 #ifndef EXL3_ROWS_PASS
 #define EXL3_ROWS_PASS 2
 #endif
-  constexpr int P = G == 1 && kGroupRows < EXL3_ROWS_PASS ? kGroupRows : G == 1 ? EXL3_ROWS_PASS : 2;
+  constexpr int kPass = G == 1 ? EXL3_ROWS_PASS : 2;
+  constexpr int P = kGroupRows < kPass ? kGroupRows : kPass;
+  static_assert(kGroupRows % P == 0, "a column group's rows in whole passes");
 #pragma unroll
   for (int cg = 0; cg < G; ++cg) {
     if (cg > 0) load_x(cg);
@@ -1172,7 +1179,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
 
   if (kRowCap == 1 && !prepped) {  // the one-row B layout (warp_prologue)
-    i8_slabs<K2, G, G == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
+    i8_slabs<K2, G, kRowCap == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
   } else {
     i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
   }
