@@ -56,13 +56,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @contextmanager
 def _env(**values: str) -> Iterator[None]:
-    """The kernel's SPARKCTL_EXL3_* switches are read at each launch: set them for a block of calls, then unset."""
+    """The kernel's SPARKCTL_EXL3_* switches are read at each launch: set them for a block of calls, then put back
+    what was there (a switch the caller set for the whole run, e.g. SPARKCTL_EXL3_I8_MAX_ROWS, must survive)."""
+    saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
         yield
     finally:
-        for name in values:
-            del os.environ[name]
+        for name, old in saved.items():
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
 
 
 def min_ksplit(n_k: int, codebook: str, rows: int) -> int:
