@@ -66,8 +66,10 @@ struct GemvCase {
     CK(cudaMalloc(&suh, 2ull * in_f));
     CK(cudaMalloc(&svh, 2ull * out_f));
     CK(cudaMalloc(&y, 2ull * rows * out_f));
-    CK(cudaMalloc(&p.counters, 4ull * (out_f / 128)));
-    CK(cudaMemset(p.counters, 0, 4ull * (out_f / 128)));
+    size_t workspace_ints = 0;  // zero before the first call; the kernel leaves it zero
+    if (exl3_gemv_workspace(&p, &workspace_ints) != EXL3_OK) exit(1);
+    CK(cudaMalloc(&p.counters, 4 * workspace_ints));
+    CK(cudaMemset(p.counters, 0, 4 * workspace_ints));
     if (partial_floats) CK(cudaMalloc(&p.partials, 4 * partial_floats));
     if (xprep_halfs) CK(cudaMalloc(&p.xprep, 2 * xprep_halfs));
     gemv_case_fill<<<64, 256>>>(static_cast<uint16_t*>(x), static_cast<size_t>(rows) * in_f, 5, 1);

@@ -63,15 +63,37 @@ torch::Tensor aligned(const torch::Tensor& t) {
   return c.clone(at::MemoryFormat::Contiguous);
 }
 
-// y = x . W for 2-D fp16 x. `counters` is int32 scratch of at least O/128 zeros that the kernel leaves zeroed
-// (kept by the Python side per device and stream); `ksplit` 0 picks the split automatically.
+// The workspace of a launch: int32, zero before the first call and left zero by the kernel, so one buffer per
+// stream serves every later call (CUDA graph replays included): the column chunks' split-K counters, then the slots of
+// the ticket hand-over, which must persist for the same reason (exl3_gemv_workspace; kernels/PERF.md run 56).
+Exl3GemvParams shape_params(int64_t m, int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook,
+                            int64_t ksplit) {
+  Exl3GemvParams p{};
+  p.m = static_cast<int>(m);
+  p.in_features = static_cast<int>(in_features);
+  p.out_features = static_cast<int>(out_features);
+  p.k2 = static_cast<int>(k2);
+  p.codebook = static_cast<int>(codebook);
+  p.ksplit = static_cast<int>(ksplit);
+  return p;
+}
+
+int64_t launch_workspace(const Exl3GemvParams& p) {
+  size_t ints = 0;
+  const int st = exl3_gemv_workspace(&p, &ints);
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+  return static_cast<int64_t>(ints);
+}
+
+// y = x . W for 2-D fp16 x. `workspace`: see above (kept by the Python side per device and stream, sized by
+// gemv_workspace); `ksplit` 0 picks the split automatically.
 torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, torch::Tensor svh, int64_t codebook,
-                   torch::Tensor counters, int64_t ksplit) {
+                   torch::Tensor workspace, int64_t ksplit) {
   check_inputs(x, trellis, suh, svh, codebook);
   const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
-  TORCH_CHECK(counters.is_cuda() && counters.device() == trellis.device() && counters.scalar_type() == torch::kInt &&
-                  counters.is_contiguous() && counters.numel() >= out_features / 128,
-              "EXL3 GEMV: counters must be a contiguous int32 CUDA tensor of at least O/128 elements on the same device");
+  TORCH_CHECK(workspace.is_cuda() && workspace.device() == trellis.device() && workspace.scalar_type() == torch::kInt &&
+                  workspace.is_contiguous() && reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16 == 0,
+              "EXL3 GEMV: workspace must be a contiguous, 16-byte aligned int32 CUDA tensor on the same device");
   TORCH_CHECK(ksplit >= 0, "EXL3 GEMV: ksplit must be >= 0 (0 = automatic)");
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -79,25 +101,23 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, to
   const int64_t rows = x.size(0);
   torch::Tensor y = torch::empty({rows, out_features}, x.options());
   if (rows == 0) return y;
+  int* ws = workspace.data_ptr<int>();
   for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
     const int64_t m = std::min(kMaxRows, rows - r0);
-    Exl3GemvParams p{};
+    Exl3GemvParams p = shape_params(m, in_features, out_features, k2_of(trellis), codebook, ksplit);
     p.x = static_cast<const at::Half*>(xa.data_ptr()) + r0 * in_features;
     p.trellis = ta.data_ptr();
     p.suh = sa.data_ptr();
     p.svh = va.data_ptr();
     p.y = static_cast<at::Half*>(y.data_ptr()) + r0 * out_features;
-    p.counters = counters.data_ptr<int>();
-    p.m = static_cast<int>(m);
-    p.in_features = static_cast<int>(in_features);
-    p.out_features = static_cast<int>(out_features);
-    p.k2 = static_cast<int>(k2_of(trellis));
-    p.codebook = static_cast<int>(codebook);
-    p.ksplit = static_cast<int>(ksplit);
     int ks = 0;
     size_t partial_floats = 0, xprep_halfs = 0;
     int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
     TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+    const int64_t need = launch_workspace(p);
+    TORCH_CHECK(workspace.numel() >= need, "EXL3 GEMV: workspace has " + num(workspace.numel()) +
+                                               " int32 elements, this call needs " + num(need) + " (gemv_workspace)");
+    p.counters = ws;
     torch::Tensor partials, xprep;
     if (partial_floats > 0) {
       partials = torch::empty({static_cast<int64_t>(partial_floats)}, x.options().dtype(torch::kFloat));
@@ -114,14 +134,22 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, to
   return y;
 }
 
+// int32 elements of zeroed workspace gemv needs for `rows` rows of this layer on the trellis' device.
+int64_t gemv_workspace(torch::Tensor trellis, int64_t rows, int64_t codebook, int64_t ksplit) {
+  TORCH_CHECK(trellis.is_cuda() && trellis.dim() == 3, "EXL3 GEMV: trellis must be a 3-D CUDA tensor");
+  TORCH_CHECK(rows >= 0 && ksplit >= 0, "EXL3 GEMV: rows and ksplit must be >= 0");
+  const c10::cuda::CUDAGuard guard(trellis.device());
+  const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
+  int64_t most = 0;  // a call's launches take 8 rows at a time
+  for (const int64_t m : {std::min(kMaxRows, rows), rows % kMaxRows})
+    if (m > 0)
+      most = std::max(most, launch_workspace(shape_params(m, in_features, out_features, k2_of(trellis), codebook, ksplit)));
+  return most;
+}
+
 // The split-K the kernel would use for this shape on the current device (for the bench's tables).
 int64_t gemv_ksplit(int64_t rows, int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook) {
-  Exl3GemvParams p{};
-  p.m = static_cast<int>(std::min(kMaxRows, rows));
-  p.in_features = static_cast<int>(in_features);
-  p.out_features = static_cast<int>(out_features);
-  p.k2 = static_cast<int>(k2);
-  p.codebook = static_cast<int>(codebook);
+  const Exl3GemvParams p = shape_params(std::min(kMaxRows, rows), in_features, out_features, k2, codebook, 0);
   int ks = 0;
   size_t partial_floats = 0, xprep_halfs = 0;
   const int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
@@ -134,8 +162,10 @@ int64_t gemv_ksplit(int64_t rows, int64_t in_features, int64_t out_features, int
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "sparkctl EXL3 CUDA kernels";
   m.def("gemv", &gemv, "y = x . W for an EXL3 layer, 1..8 rows per launch (more rows are launched in groups of 8)",
-        py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook_id"), py::arg("counters"),
+        py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook_id"), py::arg("workspace"),
         py::arg("ksplit") = 0);
+  m.def("gemv_workspace", &gemv_workspace, "int32 elements of zeroed workspace gemv needs for this layer and rows",
+        py::arg("trellis"), py::arg("rows"), py::arg("codebook_id"), py::arg("ksplit") = 0);
   m.def("gemv_ksplit", &gemv_ksplit, "the automatic split-K for a shape on the current device", py::arg("rows"),
         py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
 }

@@ -13,8 +13,9 @@
 // * The input side (x * suh, then the 128-point Hadamard) is computed per block into shared memory, already in
 //   B-fragment order; the integer kernel's warps each compute their own share in registers, on the tensor cores.
 //   The output side (Hadamard, then * svh) runs once per column chunk in the block that finishes last (a counter
-//   per chunk; the partial sums of the other slices come through global memory in a fixed order, so results are
-//   deterministic), which also rounds to fp16.
+//   per chunk; the partial sums of the other slices come through global memory and are added in a fixed order, so
+//   results are deterministic), which also rounds to fp16. Two hand-overs of those partial sums: by ticket
+//   (take_ticket) in the integer kernel up to 4 rows, with the classic fenced "last block" atomic elsewhere.
 
 #include "exl3_gemv.h"
 
@@ -79,6 +80,12 @@ constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bo
 // The integer kernel may take a whole 4096-input column chunk in one block (no split, no partial sums): its int32
 // sums stay exact up to 16448 inputs (4 bytes x 255 x 128 per input), far above 32 chunks.
 constexpr int kMaxChunksPerBlockI8 = 32;
+// The split-K hand-over by ticket (take_ticket) serves the integer kernel's row classes up to 4 rows, where it saves
+// 0.1-0.4 us per split call. The 5-8 row class and the fp16 kernel keep the fenced hand-over: with the ticket one,
+// ptxas scheduled the rest of those kernels differently and they ran 0.3-1.0 us slower (kernels/PERF.md runs 49-56).
+__host__ __device__ constexpr bool ticket_rows(int rows) { return rows <= 4; }
+// Where the ticket slots start in the int32 workspace (after the column chunks' counters, 16-byte aligned).
+__host__ __device__ constexpr int slots_offset(int out_features) { return (out_features / 128 + 3) / 4 * 4; }
 constexpr int kRedStride = 132;            // fp32 row stride of the per-warp reduction buffer (bank-conflict pad)
 constexpr float kHadScale = 0.08838834764831845f;  // 1/sqrt(128)
 
@@ -345,7 +352,7 @@ struct KernelArgs {
   const __half* suh;
   const __half* svh;
   __half* y;
-  float* partials;
+  float* partials;  // split-K partial sums of the fenced hand-over (per-call scratch)
   int* counters;
   int m;
   int in_features;
@@ -353,6 +360,7 @@ struct KernelArgs {
   int ksplit;
   int max_chunks;  // most 128-row chunks any block gets (sizes the shared memory regions)
   const uint8_t* xprep;  // x' already in B-fragment order for all of I (xprep_kernel), or null: compute per block
+  uint32_t* slots;  // split-K slots of the ticket hand-over (in the zeroed workspace after the counters)
 };
 
 // Shared memory layout, in bytes (host and device agree through this struct).
@@ -390,16 +398,45 @@ __device__ __forceinline__ uint2 prefetch_svh(const KernelArgs& p, int col_chunk
   return warp < p.m ? *reinterpret_cast<const uint2*>(p.svh + col_chunk * 128 + lane * 4) : uint2{0u, 0u};
 }
 
+// Split-K hand-over by ticket (kernels/PERF.md runs 48-56). A block of a split column chunk takes a ticket from the
+// chunk's counter as soon as its main loop ends, with a relaxed atomic: no fence, and the round trip overlaps the
+// block's reduction. Every block then stores its partial sums; the block holding the last ticket sums all slices.
+// No release/acquire pair tells it that a slice has landed: the value itself does. The slots are zero before a call
+// (the finisher clears them as it reads them, and resets the counter; they live in the caller's zeroed workspace,
+// exl3_gemv_workspace), a stored partial is never zero (+0.0 is stored as -0.0, the same number), and each 32-bit
+// word is written and read whole by strong (relaxed) accesses, so the finisher reads a slot until it is non-zero.
+// It can only wait for blocks that took a ticket before it, which are resident and running. The fenced hand-over
+// (slots stored, release + atomic, then the loads) has three round trips after the reduction; this one has one.
+// The "memory" clobbers keep the slot accesses in program order; a volatile store instead of the asm one moved
+// ptxas's schedule and cost 0.25 us in one-row calls with no split (run 57).
+__device__ __forceinline__ int take_ticket(const KernelArgs& p, int col_chunk, int contributors) {
+  int t = 0;
+  if (contributors > 1 && threadIdx.x == 0)
+    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(t) : "l"(p.counters + col_chunk) : "memory");
+  return t;
+}
+__device__ __forceinline__ void store_slot(uint32_t* a, float v) {
+  const uint32_t b = __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(a), "r"(b == 0u ? 0x80000000u : b) : "memory");
+}
+__device__ __forceinline__ uint32_t load_slot(const uint32_t* a) {
+  uint32_t b;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(b) : "l"(a) : "memory");
+  return b;
+}
+
 // The end of every block, after its warps wrote their partial sums to red[warp][row][kRedStride]: sum the warps,
 // apply the row affine, then either finish the column chunk (ksplit 1) or leave the slice's partial in global
-// memory, and let the last block of the chunk sum every slice in split order (deterministic) and finish it. To
+// memory, and let the block with the last ticket sum every slice in split order (deterministic) and finish it. To
 // finish = 128-point output Hadamard, then * svh, rounded once to fp16.
-// `part` points at this column chunk's partial sums: slot s, row r, column n at part[s * slot_stride + r * row_stride
-// + n]; `slot` is this block's, `contributors` the number of blocks adding to the chunk. `sv`: lane l of warp r < m
-// holds svh[4l .. 4l+3] of the chunk, loaded by the caller when its block started (prefetch_svh).
-template <int NW>
+// `part` points at this column chunk's slots (ticket hand-over, kTicket: uint32 words, 0 = empty) or partial sums
+// (fenced hand-over: floats): slot s, row r, column n at part[s * slot_stride + r * row_stride + n]; `slot` is this
+// block's, `contributors` the number of blocks adding to the chunk, `ticket` what take_ticket gave thread 0. `sv`:
+// lane l of warp r < m holds svh[4l .. 4l+3] of the chunk, loaded by the caller when its block started
+// (prefetch_svh).
+template <int NW, bool kTicket>
 __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, float* zsum, const RowAffine& ra,
-                                             int col_chunk, int slot, int contributors, float* part,
+                                             int col_chunk, int slot, int contributors, int ticket, uint32_t* part,
                                              size_t slot_stride, size_t row_stride, uint2 sv) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int m = p.m;
@@ -413,25 +450,22 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
     for (int w = 0; w < NW; ++w) s += red[(w * m + row) * kRedStride + n];
     s = ra.a[row] * s + ra.b[row];
     if (contributors == 1) zsum[idx] = s;
-    else part[slot * slot_stride + row * row_stride + n] = s;
+    else if constexpr (kTicket) store_slot(part + slot * slot_stride + row * row_stride + n, s);
+    else reinterpret_cast<float*>(part)[slot * slot_stride + row * row_stride + n] = s;
   }
   if (contributors > 1) {
     __shared__ int is_last;
-    // The thread that signals does it with one acquire-release atomic: the barrier orders every thread's partial
-    // stores before it and a gpu-scope release is cumulative, so the increment publishes them all; its acquire
-    // half (then the barrier below) orders the last block's reads of the other slices after their increments.
-    // (The usual "last block" pattern; -DEXL3_FENCED_COUNTER keeps the two full fences it replaced, for A/B.)
-    __syncthreads();
-    if (tid == 0) {
-#ifdef EXL3_FENCED_COUNTER
-      __threadfence();
-      const int done = atomicAdd(p.counters + col_chunk, 1);
-      __threadfence();
-#else
-      int done;
-      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + col_chunk) : "memory");
-#endif
-      is_last = (done == contributors - 1);
+    if constexpr (kTicket) {
+      if (tid == 0) is_last = ticket == contributors - 1;
+    } else {
+      // the barrier orders every thread's slot stores before thread 0's gpu-scope release (cumulative), whose
+      // acquire half (then the barrier below) orders the last block's reads after the other blocks' increments
+      __syncthreads();
+      if (tid == 0) {
+        int done;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(p.counters + col_chunk) : "memory");
+        is_last = done == contributors - 1;
+      }
     }
     __syncthreads();
     if (!is_last) {
@@ -439,11 +473,36 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
       EXL3_STAMP(kStampsEnd);
       return;
     }
-    for (int idx = tid; idx < m * 128; idx += NW * 32) {
-      const int row = idx >> 7, n = idx & 127;
-      float s = 0.0f;
-      for (int sp = 0; sp < contributors; ++sp) s += __ldcg(part + sp * slot_stride + row * row_stride + n);
-      zsum[idx] = s;
+    if constexpr (kTicket) {
+      for (int idx = tid; idx < m * 128; idx += NW * 32) {
+        const int row = idx >> 7, n = idx & 127;
+        uint32_t* col = part + row * row_stride + n;
+        float s = 0.0f;
+        // eight slots' loads in flight at once (its own slot too: this thread stored it, so it reads it back); a
+        // slot still zero is read again until its block's store lands
+        for (int sp0 = 0; sp0 < contributors; sp0 += 8) {
+          uint32_t b[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) b[j] = sp0 + j < contributors ? load_slot(col + (sp0 + j) * slot_stride) : 0u;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int sp = sp0 + j;
+            if (sp >= contributors) break;
+            while (b[j] == 0u) b[j] = load_slot(col + sp * slot_stride);
+            s += __uint_as_float(b[j]);
+            col[sp * slot_stride] = 0u;  // cleared for the next call
+          }
+        }
+        zsum[idx] = s;
+      }
+    } else {
+      const float* fpart = reinterpret_cast<const float*>(part);
+      for (int idx = tid; idx < m * 128; idx += NW * 32) {
+        const int row = idx >> 7, n = idx & 127;
+        float s = 0.0f;
+        for (int sp = 0; sp < contributors; ++sp) s += __ldcg(fpart + sp * slot_stride + row * row_stride + n);
+        zsum[idx] = s;
+      }
     }
     if (tid == 0) p.counters[col_chunk] = 0;  // ready for the next call (and for CUDA graph replays)
   }
@@ -695,8 +754,10 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
       }
     }
   }
-  finish_block<kWarps>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, p.partials + col_chunk * 128,
-               static_cast<size_t>(m) * p.out_features, p.out_features, prefetch_svh(p, col_chunk, warp, lane));
+  finish_block<kWarps, false>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, 0,
+                              reinterpret_cast<uint32_t*>(p.partials) + col_chunk * 128,
+                              static_cast<size_t>(m) * p.out_features, p.out_features,
+                              prefetch_svh(p, col_chunk, warp, lane));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1093,6 +1154,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
                                            int slot, int contributors) {
   using R = Rate<K2>;
   constexpr int G = kRowCap > 4 ? 2 : 1;  // column groups of 4 rows
+  constexpr bool kTicket = ticket_rows(kRowCap);  // split-K hand-over by ticket (see take_ticket)
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -1185,6 +1247,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   }
   // The next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves idle): 0.25-0.45
   // us per call with one row; with the x' kernel following (xprep path) it did not pay (kernels/PERF.md run 32).
+  const int ticket = kTicket ? take_ticket(p, col_chunk, contributors) : 0;
   if (!prepped) trigger_dependents();
   cp_async_wait<0>();
   __syncthreads();
@@ -1212,8 +1275,9 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       }
     }
   }
-  finish_block<NW>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors,
-               p.partials + col_chunk * 128, static_cast<size_t>(m) * p.out_features, p.out_features, svh_pre);
+  uint32_t* part = (kTicket ? p.slots : reinterpret_cast<uint32_t*>(p.partials)) + col_chunk * 128;
+  finish_block<NW, kTicket>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors, ticket,
+                            part, static_cast<size_t>(m) * p.out_features, p.out_features, svh_pre);
 }
 
 // One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel. (A stream-K grid,
@@ -1498,6 +1562,7 @@ struct Schedule {
   int ksplit;      // input-dimension split: the grid is (O / 128) x ksplit
   int max_chunks;  // most input chunks one block holds
   size_t partial_floats, xprep_halfs;
+  size_t workspace_ints;  // the zeroed int32 workspace (p->counters): counters, then the ticket slots
 };
 
 int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
@@ -1513,7 +1578,10 @@ int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   if (ks < lo || ks > n_k) return EXL3_ERR_KSPLIT;
   out->ksplit = ks;
   out->max_chunks = (n_k + ks - 1) / ks;
-  out->partial_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
+  const size_t split_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
+  const bool ticket = k.groups > 0 && ticket_rows(p->m);
+  out->partial_floats = ticket ? 0 : split_floats;
+  out->workspace_ints = slots_offset(p->out_features) + (ticket ? split_floats : 0);
   // x' scratch: fp16 fragments (fp16 kernel), or packed 16-bit x' with its scales (integer kernel)
   const size_t mi = static_cast<size_t>(p->m) * p->in_features;
   out->xprep_halfs =
@@ -1529,6 +1597,16 @@ int plan_call(const Exl3GemvParams* p, KernelInfo* k, Schedule* sc) {
 }
 
 }  // namespace exl3
+
+extern "C" int exl3_gemv_workspace(const Exl3GemvParams* p, size_t* ints) {
+  using namespace exl3;
+  KernelInfo k;
+  Schedule sc;
+  const int st = plan_call(p, &k, &sc);
+  if (st != EXL3_OK) return st;
+  *ints = sc.workspace_ints;
+  return EXL3_OK;
+}
 
 extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs) {
   using namespace exl3;
@@ -1588,6 +1666,7 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   a.y = static_cast<__half*>(p->y);
   a.partials = p->partials;
   a.counters = p->counters;
+  a.slots = reinterpret_cast<uint32_t*>(p->counters + slots_offset(p->out_features));
   a.m = p->m;
   a.in_features = p->in_features;
   a.out_features = p->out_features;

@@ -32,7 +32,8 @@ typedef struct Exl3GemvParams {
   const void* svh;      // fp16 [O]
   void* y;              // fp16 [m, O], row-major, contiguous (fully overwritten)
   float* partials;      // fp32 scratch, exl3_gemv_plan()'s partial_floats elements (may be NULL when that is 0)
-  int* counters;        // int32 [O/128], all zero before the first call; the kernel leaves them zero again
+  int* counters;        // int32 workspace of exl3_gemv_workspace() elements, 16-byte aligned, all zero before the
+                        // first call; the kernel leaves it zero again, so it can serve every later call on a stream
   void* xprep;          // fp16 scratch of exl3_gemv_plan()'s xprep_halfs elements (may be NULL when that is 0)
   int m;                // rows, 1..8
   int in_features;      // I, multiple of 128
@@ -47,6 +48,11 @@ typedef struct Exl3GemvParams {
 // scratch for the input transform done once per call, used from SPARKCTL_EXL3_XPREP_MIN_ROWS rows on, default 2;
 // 0 = the transform is fused into every block).
 int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs);
+
+// Fills *ints: the int32 elements of the zeroed workspace (p->counters) this call needs: a split-K counter per column
+// chunk, then the split-K slots of the ticket hand-over when the call uses it. A workspace sized for a bigger call
+// serves a smaller one.
+int exl3_gemv_workspace(const Exl3GemvParams* p, size_t* ints);
 
 // Launches the kernel on `stream`. Returns EXL3_OK or an Exl3GemvStatus code.
 int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream);

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Name of the compiled module (bump the suffix when the binding's signature changes, so stale caches are ignored).
-EXTENSION_NAME = "sparkctl_exl3_cuda_v1"
+EXTENSION_NAME = "sparkctl_exl3_cuda_v2"
 
 #: The most rows one kernel launch takes; more rows are launched in groups of this size.
 GEMV_MAX_ROWS = 8
@@ -42,10 +42,13 @@ _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _error: str | None = None
-# Per (device, stream): int32 counters the GEMV kernel uses to find the last block of each column chunk. The
-# kernel leaves them at zero, so one zeroed buffer serves every later call on that stream, CUDA graphs included.
-_counters: dict[tuple[int, int], torch.Tensor] = {}
-_COUNTERS_MIN = 4096
+# Per (device, stream): the GEMV's int32 workspace: the counters that find the last block of each split column
+# chunk, then the slots of the ticket hand-over. The kernel leaves it all zero, so one zeroed buffer serves every
+# later call on that stream, CUDA graphs included; it only has to grow (a fresh zeroed buffer) for a bigger call.
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_WORKSPACE_MIN = 4096
+# Workspace size per (device, layer shape, rows, codebook, ksplit): asked of the kernel's planner once.
+_workspace_need: dict[tuple[int, ...], int] = {}
 
 
 def sources() -> list[Path]:
@@ -148,12 +151,19 @@ def supports(
     return last % 16 == 8 and last // 16 in (1, 2, 3) and codebook_id == 2
 
 
-def _counters_for(device: torch.device, out_features: int) -> torch.Tensor:
+def _workspace_for(
+    module: ModuleType, trellis: torch.Tensor, rows: int, codebook_id: int, ksplit: int
+) -> torch.Tensor:
+    device = trellis.device
     index = device.index if device.index is not None else torch.cuda.current_device()
+    shape_key = (index, *trellis.shape, rows, codebook_id, ksplit)
+    need = _workspace_need.get(shape_key)
+    if need is None:
+        need = max(_WORKSPACE_MIN, int(module.gemv_workspace(trellis, rows, codebook_id, ksplit)))
+        _workspace_need[shape_key] = need
     stream = torch.cuda.current_stream(index).cuda_stream
-    need = max(_COUNTERS_MIN, out_features // 128)
     key = (index, stream)
-    buf = _counters.get(key)
+    buf = _workspaces.get(key)
     if buf is not None and buf.numel() >= need:
         return buf
     if torch.cuda.is_current_stream_capturing():
@@ -161,7 +171,7 @@ def _counters_for(device: torch.device, out_features: int) -> torch.Tensor:
         # (the zeroing becomes part of the graph).
         return torch.zeros(need, dtype=torch.int32, device=device)
     buf = torch.zeros(need, dtype=torch.int32, device=device)
-    _counters[key] = buf
+    _workspaces[key] = buf
     return buf
 
 
@@ -184,8 +194,10 @@ def gemv(
         raise RuntimeError(f"the EXL3 CUDA kernels are unavailable: {_error}")
     if x.dim() != 2:
         raise ValueError(f"EXL3 GEMV: x must be 2-D [rows, I], got shape {tuple(x.shape)}")
-    counters = _counters_for(trellis.device, 16 * trellis.shape[1]) if trellis.is_cuda else trellis
-    return module.gemv(x, trellis, suh, svh, int(codebook_id), counters, int(ksplit))
+    if not trellis.is_cuda:  # let the binding give its error for a CPU tensor
+        return module.gemv(x, trellis, suh, svh, int(codebook_id), trellis, int(ksplit))
+    workspace = _workspace_for(module, trellis, x.shape[0], int(codebook_id), int(ksplit))
+    return module.gemv(x, trellis, suh, svh, int(codebook_id), workspace, int(ksplit))
 
 
 def gemv_ksplit(rows: int, in_features: int, out_features: int, k2: int, codebook_id: int) -> int:

@@ -233,3 +233,32 @@ def test_cuda_graph_capture() -> None:
     torch.cuda.synchronize()
     assert _rel(out, ops.exl3_matmul(x, trellis, suh, svh, "mcg")) < 1e-3
     assert not torch.equal(out, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("codebook", ["mul1", "3inst"])  # the integer kernel and the fp16 kernel
+@pytest.mark.parametrize("rows", [1, 3, 5])  # the ticket hand-over (1-4 rows) and the fenced one
+def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
+    """Splits of every size on one stream's workspace: each call exact and repeatable, the workspace left zero.
+
+    The ticket hand-over reads its slots until they are non-zero (kernels/csrc/exl3_gemv.cu, take_ticket), so a
+    slot a call failed to clear, or a stale one read as this call's, shows up as a changed result or a non-zero
+    workspace here; the calls of the other hand-over in between must leave the counters zero for it.
+    """
+    from sparkctl_exl3 import cuda
+
+    trellis, suh, svh = _random_layer(64, 32, 3, seed=rows)  # 1024 x 512: 8 input chunks, 4 column chunks
+    x = torch.randn(rows, 1024).half()
+    expected = ref.matmul(x, trellis, suh, svh, codebook)
+    args = (x.cuda(), trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index(codebook))
+    first: dict[int, torch.Tensor] = {}
+    for ksplit in [1, 2, 8, 3, 2, 8, 4, 1, 3, 4]:
+        y = cuda.gemv(*args, ksplit=ksplit)
+        assert _rel(y.cpu().float(), expected) < 1e-3, ksplit
+        if ksplit in first:
+            assert torch.equal(y, first[ksplit]), ksplit
+        first.setdefault(ksplit, y)
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream().cuda_stream
+    workspace = cuda._workspaces[(torch.cuda.current_device(), stream)]
+    assert int(workspace.count_nonzero()) == 0
