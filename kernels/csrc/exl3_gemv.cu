@@ -1596,23 +1596,24 @@ int plan_call(const Exl3GemvParams* p, KernelInfo* k, Schedule* sc) {
   return schedule(p, *k, sc);
 }
 
+int schedule_call(const Exl3GemvParams* p, Schedule* sc) {
+  KernelInfo k;
+  return plan_call(p, &k, sc);
+}
+
 }  // namespace exl3
 
 extern "C" int exl3_gemv_workspace(const Exl3GemvParams* p, size_t* ints) {
-  using namespace exl3;
-  KernelInfo k;
-  Schedule sc;
-  const int st = plan_call(p, &k, &sc);
+  exl3::Schedule sc;
+  const int st = exl3::schedule_call(p, &sc);
   if (st != EXL3_OK) return st;
   *ints = sc.workspace_ints;
   return EXL3_OK;
 }
 
 extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs) {
-  using namespace exl3;
-  KernelInfo k;
-  Schedule sc;
-  const int st = plan_call(p, &k, &sc);
+  exl3::Schedule sc;
+  const int st = exl3::schedule_call(p, &sc);
   if (st != EXL3_OK) return st;
   *ksplit = sc.ksplit;
   *partial_floats = sc.partial_floats;
