@@ -63,9 +63,6 @@ torch::Tensor aligned(const torch::Tensor& t) {
   return c.clone(at::MemoryFormat::Contiguous);
 }
 
-// The workspace of a launch: int32, zero before the first call and left zero by the kernel, so one buffer per
-// stream serves every later call (CUDA graph replays included): the column chunks' split-K counters, then the slots of
-// the ticket hand-over, which must persist for the same reason (exl3_gemv_workspace; kernels/PERF.md run 56).
 Exl3GemvParams shape_params(int64_t m, int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook,
                             int64_t ksplit) {
   Exl3GemvParams p{};
@@ -78,14 +75,22 @@ Exl3GemvParams shape_params(int64_t m, int64_t in_features, int64_t out_features
   return p;
 }
 
-int64_t launch_workspace(const Exl3GemvParams& p) {
-  size_t ints = 0;
-  const int st = exl3_gemv_workspace(&p, &ints);
+// What exl3_gemv_plan says about one launch. The workspace (int32) is zero before the first call and left zero by
+// the kernel, so one buffer per stream serves every later call (CUDA graph replays included): the column chunks'
+// split-K counters, then the slots of the ticket hand-over, which must persist for the same reason (PERF run 56).
+struct LaunchPlan {
+  int ksplit = 0;
+  size_t partial_floats = 0, xprep_halfs = 0, workspace_ints = 0;
+};
+
+LaunchPlan plan(const Exl3GemvParams& p) {
+  LaunchPlan l;
+  const int st = exl3_gemv_plan(&p, &l.ksplit, &l.partial_floats, &l.xprep_halfs, &l.workspace_ints);
   TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
-  return static_cast<int64_t>(ints);
+  return l;
 }
 
-// y = x . W for 2-D fp16 x. `workspace`: see above (kept by the Python side per device and stream, sized by
+// y = x . W for 2-D fp16 x. `workspace`: see LaunchPlan (kept by the Python side per device and stream, sized by
 // gemv_workspace); `ksplit` 0 picks the split automatically.
 torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, torch::Tensor svh, int64_t codebook,
                    torch::Tensor workspace, int64_t ksplit) {
@@ -110,25 +115,22 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor trellis, torch::Tensor suh, to
     p.suh = sa.data_ptr();
     p.svh = va.data_ptr();
     p.y = static_cast<at::Half*>(y.data_ptr()) + r0 * out_features;
-    int ks = 0;
-    size_t partial_floats = 0, xprep_halfs = 0;
-    int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
-    TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
-    const int64_t need = launch_workspace(p);
+    const LaunchPlan l = plan(p);
+    const int64_t need = static_cast<int64_t>(l.workspace_ints);
     TORCH_CHECK(workspace.numel() >= need, "EXL3 GEMV: workspace has " + num(workspace.numel()) +
                                                " int32 elements, this call needs " + num(need) + " (gemv_workspace)");
     p.counters = ws;
     torch::Tensor partials, xprep;
-    if (partial_floats > 0) {
-      partials = torch::empty({static_cast<int64_t>(partial_floats)}, x.options().dtype(torch::kFloat));
+    if (l.partial_floats > 0) {
+      partials = torch::empty({static_cast<int64_t>(l.partial_floats)}, x.options().dtype(torch::kFloat));
       p.partials = partials.data_ptr<float>();
     }
-    if (xprep_halfs > 0) {
-      xprep = torch::empty({static_cast<int64_t>(xprep_halfs)}, x.options());
+    if (l.xprep_halfs > 0) {
+      xprep = torch::empty({static_cast<int64_t>(l.xprep_halfs)}, x.options());
       p.xprep = xprep.data_ptr();
     }
-    p.ksplit = ks;
-    st = exl3_gemv_launch(&p, stream);
+    p.ksplit = l.ksplit;
+    const int st = exl3_gemv_launch(&p, stream);
     TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
   }
   return y;
@@ -141,20 +143,17 @@ int64_t gemv_workspace(torch::Tensor trellis, int64_t rows, int64_t codebook, in
   const c10::cuda::CUDAGuard guard(trellis.device());
   const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
   int64_t most = 0;  // a call's launches take 8 rows at a time
-  for (const int64_t m : {std::min(kMaxRows, rows), rows % kMaxRows})
-    if (m > 0)
-      most = std::max(most, launch_workspace(shape_params(m, in_features, out_features, k2_of(trellis), codebook, ksplit)));
+  for (const int64_t m : {std::min(kMaxRows, rows), rows % kMaxRows}) {
+    if (m == 0) continue;
+    const LaunchPlan l = plan(shape_params(m, in_features, out_features, k2_of(trellis), codebook, ksplit));
+    most = std::max(most, static_cast<int64_t>(l.workspace_ints));
+  }
   return most;
 }
 
 // The split-K the kernel would use for this shape on the current device (for the bench's tables).
 int64_t gemv_ksplit(int64_t rows, int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook) {
-  const Exl3GemvParams p = shape_params(std::min(kMaxRows, rows), in_features, out_features, k2, codebook, 0);
-  int ks = 0;
-  size_t partial_floats = 0, xprep_halfs = 0;
-  const int st = exl3_gemv_plan(&p, &ks, &partial_floats, &xprep_halfs);
-  TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
-  return ks;
+  return plan(shape_params(std::min(kMaxRows, rows), in_features, out_features, k2, codebook, 0)).ksplit;
 }
 
 }  // namespace

@@ -403,7 +403,7 @@ __device__ __forceinline__ uint2 prefetch_svh(const KernelArgs& p, int col_chunk
 // block's reduction. Every block then stores its partial sums; the block holding the last ticket sums all slices.
 // No release/acquire pair tells it that a slice has landed: the value itself does. The slots are zero before a call
 // (the finisher clears them as it reads them, and resets the counter; they live in the caller's zeroed workspace,
-// exl3_gemv_workspace), a stored partial is never zero (+0.0 is stored as -0.0, the same number), and each 32-bit
+// exl3_gemv_plan's workspace_ints), a stored partial is never zero (+0.0 is stored as -0.0, the same number), and each 32-bit
 // word is written and read whole by strong (relaxed) accesses, so the finisher reads a slot until it is non-zero.
 // It can only wait for blocks that took a ticket before it, which are resident and running. The fenced hand-over
 // (slots stored, release + atomic, then the loads) has three round trips after the reduction; this one has one.
@@ -1596,28 +1596,19 @@ int plan_call(const Exl3GemvParams* p, KernelInfo* k, Schedule* sc) {
   return schedule(p, *k, sc);
 }
 
-int schedule_call(const Exl3GemvParams* p, Schedule* sc) {
-  KernelInfo k;
-  return plan_call(p, &k, sc);
-}
-
 }  // namespace exl3
 
-extern "C" int exl3_gemv_workspace(const Exl3GemvParams* p, size_t* ints) {
-  exl3::Schedule sc;
-  const int st = exl3::schedule_call(p, &sc);
-  if (st != EXL3_OK) return st;
-  *ints = sc.workspace_ints;
-  return EXL3_OK;
-}
-
-extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs) {
-  exl3::Schedule sc;
-  const int st = exl3::schedule_call(p, &sc);
+extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
+                              size_t* workspace_ints) {
+  using namespace exl3;
+  KernelInfo k;
+  Schedule sc;
+  const int st = plan_call(p, &k, &sc);
   if (st != EXL3_OK) return st;
   *ksplit = sc.ksplit;
   *partial_floats = sc.partial_floats;
   *xprep_halfs = sc.xprep_halfs;
+  *workspace_ints = sc.workspace_ints;
   return EXL3_OK;
 }
 

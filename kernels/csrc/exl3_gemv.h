@@ -32,7 +32,7 @@ typedef struct Exl3GemvParams {
   const void* svh;      // fp16 [O]
   void* y;              // fp16 [m, O], row-major, contiguous (fully overwritten)
   float* partials;      // fp32 scratch, exl3_gemv_plan()'s partial_floats elements (may be NULL when that is 0)
-  int* counters;        // int32 workspace of exl3_gemv_workspace() elements, 16-byte aligned, all zero before the
+  int* counters;        // int32 workspace of exl3_gemv_plan()'s workspace_ints, 16-byte aligned, all zero before the
                         // first call; the kernel leaves it zero again, so it can serve every later call on a stream
   void* xprep;          // fp16 scratch of exl3_gemv_plan()'s xprep_halfs elements (may be NULL when that is 0)
   int m;                // rows, 1..8
@@ -44,15 +44,13 @@ typedef struct Exl3GemvParams {
 } Exl3GemvParams;
 
 // Fills *ksplit (the split that will be used: p->ksplit if non-zero, else the automatic choice for the current
-// device), *partial_floats (fp32 scratch elements the caller must provide in p->partials) and *xprep_halfs (fp16
+// device), *partial_floats (fp32 scratch elements the caller must provide in p->partials), *xprep_halfs (fp16
 // scratch for the input transform done once per call, used from SPARKCTL_EXL3_XPREP_MIN_ROWS rows on, default 2;
-// 0 = the transform is fused into every block).
-int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs);
-
-// Fills *ints: the int32 elements of the zeroed workspace (p->counters) this call needs: a split-K counter per column
-// chunk, then the split-K slots of the ticket hand-over when the call uses it. A workspace sized for a bigger call
-// serves a smaller one.
-int exl3_gemv_workspace(const Exl3GemvParams* p, size_t* ints);
+// 0 = the transform is fused into every block) and *workspace_ints (the int32 elements of the zeroed workspace
+// p->counters: a split-K counter per column chunk, then the slots of the ticket hand-over when the call uses it; a
+// workspace sized for a bigger call serves a smaller one).
+int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
+                   size_t* workspace_ints);
 
 // Launches the kernel on `stream`. Returns EXL3_OK or an Exl3GemvStatus code.
 int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream);
