@@ -869,6 +869,11 @@ struct XprepI8 {
   }
 };
 
+// fp16 pair (s * H[i][j], s * H[i][j + 1]) of the Sylvester Hadamard H[i][j] = (-1)^popc(i & j)
+__device__ __forceinline__ uint32_t had_pair(int i, int j, uint32_t pos, uint32_t neg) {
+  return ((__popc(i & j) & 1) ? neg : pos) | (((__popc(i & (j + 1)) & 1) ? neg : pos) << 16);
+}
+
 // x' through the tensor cores (the integer kernel's prologues; EXL3_XPRIME_SHFL builds the shuffle butterfly
 // instead, for A/B timing). Element i = 16a + b of a chunk (a = 0..7, b = 0..15) and H128 = H8 (x) H16, so
 // x'*sqrt(128) = H8 . X . H16 with X[a][b]: two mmas and no shuffles, where the butterfly takes 20 shuffles and
@@ -886,10 +891,6 @@ struct HadFrags {
   uint32_t h16[4];  // H16 / 16 as the stage-1 A fragment
   uint32_t h8;      // (H8[g][2c], H8[g][2c+1]) as fp16: stage 2's A fragment is {h8, 0, h8, 0}
 };
-// fp16 pair (s * H[i][j], s * H[i][j + 1]) of the Sylvester Hadamard H[i][j] = (-1)^popc(i & j)
-__device__ __forceinline__ uint32_t had_pair(int i, int j, uint32_t pos, uint32_t neg) {
-  return ((__popc(i & j) & 1) ? neg : pos) | (((__popc(i & (j + 1)) & 1) ? neg : pos) << 16);
-}
 __device__ __forceinline__ HadFrags had_frags(int lane) {
   const int g = lane >> 2, c = lane & 3;
   constexpr uint32_t kP16 = 0x2C00u, kN16 = 0xAC00u;  // +-1/16
@@ -1147,6 +1148,136 @@ __device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, c
   }
 }
 
+// 5..8 rows (kernels/PERF.md run 59): the integer mma's B operand holds 8 columns, i.e. the hi and lo parts of four
+// rows, so 5-8 rows took a second column group and four integer mmas per tile, each holding the scheduler ~6 cycles:
+// the main loop ran 36% longer than one row's. Here x' stays fp16 (as the spec's reference and the fp16 kernel have
+// it), one B column per row, and a tile's 8 weights per lane are decoded to fp16 (1024 + byte sum, DP4A) and packed
+// two per register by PRMT, so a tile is ONE fp16 mma for up to 8 rows: 8 DP4A + 4 PRMT per tile instead of 2 more
+// mmas. The affine map is applied to the sums: y = k_inv * sum (1024 + s) x' + k_bias * sum x'.
+// -DEXL3_HALF_ROWS=0 builds the two-group integer class instead (A/B timing).
+#ifndef EXL3_HALF_ROWS
+#define EXL3_HALF_ROWS 1
+#endif
+__host__ __device__ constexpr bool half_rows(int row_cap) { return EXL3_HALF_ROWS != 0 && row_cap > 4; }
+
+// The main loop of the 5-8 row class: `count` slabs, B fragments at xqp[32 j] (lane (g, c): row g's x' at k = 2c,
+// 2c+1 and 2c+8, 2c+9 of slab j).
+template <int K2, typename Ring>
+__device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint2* xqp,
+                                           float (&acc)[8][4], int count) {
+  using R = Rate<K2>;
+  for (int i = 0; i < count; ++i) {
+    cp_async_wait<Ring::kStages - 2>();
+    __syncwarp();
+    ring.load();
+    const uint2 b = *xqp;
+    xqp += 32;
+    const unsigned char* st = ring.next();
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      uint32_t ae[4], ao[4], a[4];
+      lw.template decode<2>(st + t * R::kTileBytes, ae, ao);  // fp16 1024 + s in each low half
+      // A fragment j = (k even, k odd) of one output column: positions (0,1), (4,5), (2,3), (6,7)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = __byte_perm(ae[j], ao[j], 0x5410);
+      mma_16816(acc[t], a, b.x, b.y);
+    }
+  }
+}
+
+// The prologue of a warp for 5..8 rows: x' of every row for the warp's H chunks in fp16, written as the main loop's B
+// fragments (slab j of the run at xq[32 j], lane slot 4 row + c), and the sum of the written (rounded) values of
+// the rows this lane's C fragment holds (rows 2c and 2c + 1) into sx. The tensor-core transform of xprime_mma, cut
+// down for fp16 x' (kernels/PERF.md run 60):
+// * Lane (sl, c) loads elements 16 sl + 4c .. 4c + 3 of each chunk (one 64-bit load, not two 32-bit ones; the x of
+//   eight rows is what the block's first microseconds move) and stage 1's A fragment takes H16's columns in that
+//   order (column k of A is H16's column 4c + (k & 1) + 2 ((k >> 3) & 1) for the k = 2c, 2c+1, 2c+8, 2c+9 a lane
+//   holds), which leaves P, and everything after it, as xprime_mma has them.
+// * Stage 2 transforms two rows in one mma, P rounded once to fp16 (x' is rounded to fp16 anyway): A = diag(H8,
+//   H8), row 2i's P along k 0..7 and row 2i+1's along k 8..15; rows 0..7 of C are row 2i's x', rows 8..15 row
+//   2i+1's. Two mmas per row and chunk become one and a half.
+// Rows 0..5 always run (the class has at least 5; a sixth past m repeats the fifth), rows 6 and 7 only when present,
+// all without per-row branches so the rows' chains interleave. Rows past m write B columns that only reach C
+// columns the end of the block ignores.
+template <int H, typename Ring>
+__device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* xq, Ring& ring, int r0, int n,
+                                                   int lane, float (&sx)[2]) {
+  const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;
+  const int c = lane & 3, sl = lane >> 2;
+  const int m = p.m;
+  size_t off[H];
+  uint2 sv[H], xv[kMaxRows][H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    off[h] = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 4 * c;  // past clast: a repeat
+    sv[h] = *reinterpret_cast<const uint2*>(p.suh + off[h]);
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r)
+#pragma unroll
+    for (int h = 0; h < H; ++h)
+      xv[r][h] = *reinterpret_cast<const uint2*>(p.x + static_cast<size_t>(min(r, m - 1)) * p.in_features + off[h]);
+  ring.load();
+  EXL3_STAMP(2);
+  constexpr uint32_t kP16 = 0x2C00u, kN16 = 0xAC00u;  // +-1/16
+  const uint32_t h16[4] = {had_pair(sl, 4 * c, kP16, kN16), had_pair(sl + 8, 4 * c, kP16, kN16),
+                           had_pair(sl, 4 * c + 2, kP16, kN16), had_pair(sl + 8, 4 * c + 2, kP16, kN16)};
+  const uint32_t h8 = had_pair(sl, 2 * c, 0x3C00u, 0xBC00u);
+  const uint32_t a2[4] = {h8, 0u, 0u, h8};
+  constexpr float kScale = kHadScale * 16.0f;  // the transform leaves x' * sqrt(128) / 16
+  float rs[kMaxRows];  // this lane's share of each row's sum of x'
+#pragma unroll
+  for (int r = 0; r < kMaxRows; ++r) rs[r] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxRows / 2; ++i) {
+    if (i == kMaxRows / 2 - 1 && m <= 6) break;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      float pa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_16816(pa, h16, h2_as_u32(__hmul2(u32_as_h2(xv[2 * i][h].x), u32_as_h2(sv[h].x))),
+                h2_as_u32(__hmul2(u32_as_h2(xv[2 * i][h].y), u32_as_h2(sv[h].y))));
+      mma_16816(pb, h16, h2_as_u32(__hmul2(u32_as_h2(xv[2 * i + 1][h].x), u32_as_h2(sv[h].x))),
+                h2_as_u32(__hmul2(u32_as_h2(xv[2 * i + 1][h].y), u32_as_h2(sv[h].y))));
+      float z0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_16816(z0, a2, h2_as_u32(__floats2half2_rn(pa[0], pa[1])), h2_as_u32(__floats2half2_rn(pb[0], pb[1])));
+      mma_16816(z1, a2, h2_as_u32(__floats2half2_rn(pa[2], pa[3])), h2_as_u32(__floats2half2_rn(pb[2], pb[3])));
+      const int row = 8 * (cfirst + h) + sl;  // this lane's k-tile row (slab) of chunk h
+      const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // row 2i + j: x' at 16 sl + 2c, +1 (z0) and +8, +9 (z1)
+        const __half2 lo = __floats2half2_rn(z0[2 * j] * kScale, z0[2 * j + 1] * kScale);
+        const __half2 hi = __floats2half2_rn(z1[2 * j] * kScale, z1[2 * j + 1] * kScale);
+        if (mine) {
+          xq[(row - r0) * 32 + 4 * (2 * i + j) + c] = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
+          const float2 a = __half22float2(lo), b = __half22float2(hi);
+          rs[2 * i + j] += (a.x + a.y) + (b.x + b.y);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
+  // reduce-scatter of the 8 sums over the warp: lane (g, c) ends with rows 2c and 2c + 1 (lane bit 1 picks the
+  // half of the rows, bit 0 the pair, bits 2-4 sum the rest): 12 shuffles instead of 8 x 5
+  const bool b1 = lane & 2, b0 = lane & 1;
+  float t[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float keep = b1 ? rs[4 + i] : rs[i], give = b1 ? rs[i] : rs[4 + i];
+    t[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, give, 2);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float keep = b0 ? t[2 + j] : t[j], give = b0 ? t[j] : t[2 + j];
+    sx[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, give, 1);
+  }
+#pragma unroll
+  for (int mask = 4; mask < 32; mask <<= 1)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) sx[j] += __shfl_xor_sync(0xFFFFFFFFu, sx[j], mask);
+  __syncwarp();
+}
+
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
 // that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
 template <int K2, int kRowCap, int NW>
@@ -1155,11 +1286,13 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   using R = Rate<K2>;
   constexpr int G = kRowCap > 4 ? 2 : 1;  // column groups of 4 rows
   constexpr bool kTicket = ticket_rows(kRowCap);  // split-K hand-over by ticket (see take_ticket)
+  constexpr bool kHalf = half_rows(kRowCap);      // 5-8 rows: fp16 x', one fp16 mma per tile (half_slabs)
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int m = p.m;
-  const bool prepped = p.xprep != nullptr;  // x' from xprep_i8_kernel; otherwise each warp prepares its own
+  // x' from xprep_i8_kernel; otherwise each warp prepares its own (always, in the 5-8 row class)
+  const bool prepped = !kHalf && p.xprep != nullptr;
   using Ring = SlabRing<K2, NW>;
   const SmemI8 L(m, G, p.max_chunks, Ring::kStages * R::kSlabBytes, NW);
   const int s0 = warp * 8 * nch / NW;            // this warp's run of the block's slabs: [s0, s0 + n)
@@ -1173,6 +1306,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   // 0 for a warp without slabs (a split into very short slices), which then adds nothing.
   float d_lane[G];
   int qs_lane[G];
+  float sx[2] = {0.0f, 0.0f};  // 5-8 rows: the sums of x' of rows 2c, 2c + 1 (warp_prologue_half)
 #pragma unroll
   for (int cg = 0; cg < G; ++cg) {
     d_lane[cg] = 0.0f;
@@ -1186,7 +1320,12 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
       constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
       const bool aligned = (8 * nch) % (8 * NW) == 0;
-      if constexpr (kRowCap == 1) {
+      if constexpr (kHalf) {
+        uint2* xh = reinterpret_cast<uint2*>(smem + L.xq) + s0 * 32;
+        if (aligned && n <= 8) warp_prologue_half<1>(p, xh, ring, r0, n, lane, sx);
+        else if (aligned) warp_prologue_half<2>(p, xh, ring, r0, n, lane, sx);
+        else warp_prologue_half<warp_chunks(15)>(p, xh, ring, r0, n, lane, sx);
+      } else if constexpr (kRowCap == 1) {
         float& d = d_lane[0];
         int* qs = &qs_lane[0];
         if (aligned && n <= 8) d = warp_prologue<1>(p, xq, ring, r0, n, lane, qs);
@@ -1234,13 +1373,19 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   // columns of absent rows, which the end of the block ignores (integer sums: garbage cannot trap). No per-slab
   // predicate, then.
   const uint32_t* xq_run = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32;  // this warp's first slab
-  int acc[G][8][4];
+  // integer sums (kHalf: one int per float, unused: the compiler drops them)
+  int acc[kHalf ? 1 : G][8][4];
+  float hacc[8][4];
 #pragma unroll
-  for (int cg = 0; cg < G; ++cg)
+  for (int t = 0; t < 8; ++t) {
+    hacc[t][0] = hacc[t][1] = hacc[t][2] = hacc[t][3] = 0.0f;
 #pragma unroll
-    for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
+    for (int cg = 0; cg < (kHalf ? 1 : G); ++cg) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
+  }
 
-  if (kRowCap == 1 && !prepped) {  // the one-row B layout (warp_prologue)
+  if constexpr (kHalf) {
+    half_slabs<K2>(ring, lw, reinterpret_cast<const uint2*>(smem + L.xq) + s0 * 32 + lane, hacc, n);
+  } else if (kRowCap == 1 && !prepped) {  // the one-row B layout (warp_prologue)
     i8_slabs<K2, G, kRowCap == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
   } else {
     i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
@@ -1255,7 +1400,23 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
 
   // --- C fragment of group cg: c0,c1 = (n = g; hi, lo of row 4cg + c), c2,c3 = (n = g + 8) -> red[warp][row][n] --
   float* red = reinterpret_cast<float*>(smem + L.red);
-  {
+  if constexpr (kHalf) {
+    // C fragment: c0, c1 = (n = g; rows 2c, 2c + 1), c2, c3 = (n = g + 8); z = k_inv * sum h x' + k_bias * sum x'
+    const int c = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = 2 * c + j;
+      if (row < m) {
+        const float sb = kMul1Bias * sx[j];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          const int n = 16 * t + g;
+          red[(warp * m + row) * kRedStride + n] = fmaf(kMul1Inv, hacc[t][j], sb);
+          red[(warp * m + row) * kRedStride + n + 8] = fmaf(kMul1Inv, hacc[t][2 + j], sb);
+        }
+      }
+    }
+  } else {
     const int c = lane & 3;
 #pragma unroll
     for (int cg = 0; cg < G; ++cg) {
@@ -1367,17 +1528,18 @@ struct KernelInfo {
   int stage_bytes_per_warp;
   int groups;  // 0 = the fp16 kernel; 1 or 2 = the integer kernel with that many column groups of 4 rows
   int warps;   // per block
+  bool fused_xprime;  // the kernel always prepares its own x' (the 5-8 row class: no x' kernel path)
 };
 
 template <int K2, int CB>
 KernelInfo info_of() {
-  return KernelInfo{gemv_kernel<K2, CB>, ring_stages<K2, kWarps>() * Rate<K2>::kSlabBytes, 0, kWarps};
+  return KernelInfo{gemv_kernel<K2, CB>, ring_stages<K2, kWarps>() * Rate<K2>::kSlabBytes, 0, kWarps, false};
 }
 
 template <int K2, int kRowCap>
 KernelInfo info_i8() {
   return KernelInfo{gemv_i8_kernel<K2, kRowCap>, ring_stages<K2, kWarpsI8>() * Rate<K2>::kSlabBytes,
-                    kRowCap > 4 ? 2 : 1, kWarpsI8};
+                    kRowCap > 4 ? 2 : 1, kWarpsI8, half_rows(kRowCap)};
 }
 
 // mul1 goes through the integer kernel unless SPARKCTL_EXL3_MUL1_PATH=fp16 (kept for A/B timing and checks).
@@ -1476,6 +1638,7 @@ int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool pr
 // second launch) and never for the integer kernel, whose warps prepare their own x' for any row count (the x'
 // kernel and its copy cost 4-8 us per call there, kernels/PERF.md run 43).
 bool uses_xprep(const Exl3GemvParams* p, const KernelInfo& k) {
+  if (k.fused_xprime) return false;
   const char* v = getenv("SPARKCTL_EXL3_XPREP_MIN_ROWS");
   if (v && v[0]) return p->m >= atoi(v);
   return k.groups == 0 && p->m >= 2;
