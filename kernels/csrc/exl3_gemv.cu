@@ -16,6 +16,8 @@
 //   per chunk; the partial sums of the other slices come through global memory and are added in a fixed order, so
 //   results are deterministic), which also rounds to fp16. Two hand-overs of those partial sums: by ticket
 //   (take_ticket) in the integer kernel up to 4 rows, with the classic fenced "last block" atomic elsewhere.
+// * mul1 (every exllamav3 model since v1.0.0) runs in the integer kernel: the hash bytes straight into the integer
+//   mma for 1-4 rows; for 5-8 rows decoded to fp16 (DP4A), two weights per register, one fp16 mma per tile.
 
 #include "exl3_gemv.h"
 
@@ -774,8 +776,8 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // tile costs two mmas for up to 4 rows, as the fp16 path does, while the per-weight work drops from IMAD + DP4A
 // to IMAD alone. Sums are exact int32 (at most 4096 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
 // rounding is x' to 16 bits (about 1e-5 relative), far below the fp16 rounding of the other path's x'.
-// Up to 4 rows (8 columns: hi and lo of each) fit one group; 5..8 rows take a second group (G = 2: four mmas per
-// tile; see find_kernel).
+// Up to 4 rows (8 columns: hi and lo of each) fit one group. 5..8 rows would take a second group (G = 2: four mmas
+// per tile); they go through fp16 x' and one fp16 mma per tile instead (half_slabs), unless -DEXL3_HALF_ROWS=0.
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 
@@ -1188,7 +1190,7 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 // The prologue of a warp for 5..8 rows: x' of every row for the warp's H chunks in fp16, written as the main loop's B
 // fragments (slab j of the run at xq[32 j], lane slot 4 row + c), and the sum of the written (rounded) values of
 // the rows this lane's C fragment holds (rows 2c and 2c + 1) into sx. The tensor-core transform of xprime_mma, cut
-// down for fp16 x' (kernels/PERF.md run 60):
+// down for fp16 x' (kernels/PERF.md runs 60-62):
 // * Lane (sl, c) loads elements 16 sl + 4c .. 4c + 3 of each chunk (one 64-bit load, not two 32-bit ones; the x of
 //   eight rows is what the block's first microseconds move) and stage 1's A fragment takes H16's columns in that
 //   order (column k of A is H16's column 4c + (k & 1) + 2 ((k >> 3) & 1) for the k = 2c, 2c+1, 2c+8, 2c+9 a lane
@@ -1196,9 +1198,11 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 // * Stage 2 transforms two rows in one mma, P rounded once to fp16 (x' is rounded to fp16 anyway): A = diag(H8,
 //   H8), row 2i's P along k 0..7 and row 2i+1's along k 8..15; rows 0..7 of C are row 2i's x', rows 8..15 row
 //   2i+1's. Two mmas per row and chunk become one and a half.
-// Rows 0..5 always run (the class has at least 5; a sixth past m repeats the fifth), rows 6 and 7 only when present,
-// all without per-row branches so the rows' chains interleave. Rows past m write B columns that only reach C
-// columns the end of the block ignores.
+// * What is stored is x' / sqrt2 (the transform's own scale: the end of the block multiplies the sums by sqrt2), and
+//   the rows' loop has no branch per row (the store predicated, the sum selected) so their chains interleave:
+//   14336x4096 8 rows -0.6 us (run 62).
+// Rows 0..5 always run (the class has at least 5; a sixth past m repeats the fifth), rows 6 and 7 only when
+// present. Rows past m write B columns that only reach C columns the end of the block ignores.
 template <int H, typename Ring>
 __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* xq, Ring& ring, int r0, int n,
                                                    int lane, float (&sx)[2]) {
@@ -1224,7 +1228,6 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
                            had_pair(sl, 4 * c + 2, kP16, kN16), had_pair(sl + 8, 4 * c + 2, kP16, kN16)};
   const uint32_t h8 = had_pair(sl, 2 * c, 0x3C00u, 0xBC00u);
   const uint32_t a2[4] = {h8, 0u, 0u, h8};
-  constexpr float kScale = kHadScale * 16.0f;  // the transform leaves x' * sqrt(128) / 16
   float rs[kMaxRows];  // this lane's share of each row's sum of x'
 #pragma unroll
   for (int r = 0; r < kMaxRows; ++r) rs[r] = 0.0f;
@@ -1244,14 +1247,12 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
       const int row = 8 * (cfirst + h) + sl;  // this lane's k-tile row (slab) of chunk h
       const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {  // row 2i + j: x' at 16 sl + 2c, +1 (z0) and +8, +9 (z1)
-        const __half2 lo = __floats2half2_rn(z0[2 * j] * kScale, z0[2 * j + 1] * kScale);
-        const __half2 hi = __floats2half2_rn(z1[2 * j] * kScale, z1[2 * j + 1] * kScale);
-        if (mine) {
-          xq[(row - r0) * 32 + 4 * (2 * i + j) + c] = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
-          const float2 a = __half22float2(lo), b = __half22float2(hi);
-          rs[2 * i + j] += (a.x + a.y) + (b.x + b.y);
-        }
+      for (int j = 0; j < 2; ++j) {  // row 2i + j: x' / sqrt2 at 16 sl + 2c, +1 (z0) and +8, +9 (z1)
+        const __half2 lo = __floats2half2_rn(z0[2 * j], z0[2 * j + 1]);
+        const __half2 hi = __floats2half2_rn(z1[2 * j], z1[2 * j + 1]);
+        const float2 a = __half22float2(lo), b = __half22float2(hi);
+        rs[2 * i + j] += mine ? (a.x + a.y) + (b.x + b.y) : 0.0f;
+        if (mine) xq[(row - r0) * 32 + 4 * (2 * i + j) + c] = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
       }
     }
   }
@@ -1407,12 +1408,14 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
     for (int j = 0; j < 2; ++j) {
       const int row = 2 * c + j;
       if (row < m) {
-        const float sb = kMul1Bias * sx[j];
+        // the prologue stored x' / sqrt2 (kHadScale * 16 = sqrt2)
+        constexpr float kA = kMul1Inv * kHadScale * 16.0f;
+        const float sb = kMul1Bias * kHadScale * 16.0f * sx[j];
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int n = 16 * t + g;
-          red[(warp * m + row) * kRedStride + n] = fmaf(kMul1Inv, hacc[t][j], sb);
-          red[(warp * m + row) * kRedStride + n + 8] = fmaf(kMul1Inv, hacc[t][2 + j], sb);
+          red[(warp * m + row) * kRedStride + n] = fmaf(kA, hacc[t][j], sb);
+          red[(warp * m + row) * kRedStride + n + 8] = fmaf(kA, hacc[t][2 + j], sb);
         }
       }
     }
@@ -1551,10 +1554,10 @@ bool mul1_int_path() {
 // The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
 // in both the fp16 and the integer kernel. The integer kernel has four row classes: one row (its own B layout and
 // prologue, whose registers the multi-row code must not touch: kernels/PERF.md run 44), 2 rows and 3-4 rows (one
-// column group; the prologue computes the class's rows together, so 2 rows do not pay for 4) and 5-8 rows (two).
-// Most rows mul1 takes through the integer kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing): 5..8 rows
-// take a second column group (two more mmas per tile). With the x' kernel in front that was no faster than the
-// fp16 kernel (kernels/PERF.md runs 24 and 31); with each warp preparing its own x' it is (run 43).
+// column group; the prologue computes the class's rows together, so 2 rows do not pay for 4) and 5-8 rows (fp16 x'
+// and one fp16 mma per tile, half_slabs: kernels/PERF.md runs 59-62). Most rows mul1 takes through the integer
+// kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing); the fp16 kernel, with its block-wide x', is
+// 4-8 us slower at 5-8 rows.
 int i8_max_rows() {
   const char* v = getenv("SPARKCTL_EXL3_I8_MAX_ROWS");
   return v && v[0] ? atoi(v) : 8;
