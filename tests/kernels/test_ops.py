@@ -262,3 +262,23 @@ def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
     stream = torch.cuda.current_stream().cuda_stream
     workspace = cuda._workspaces[(torch.cuda.current_device(), stream)]
     assert int(workspace.count_nonzero()) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# no split, so the warps' runs of slabs are 4 (unaligned), 7 (unaligned, across up to 3 chunks), 8 and 16 (aligned)
+@pytest.mark.parametrize("in_chunks", [8, 14, 16, 32])
+def test_cuda_rows_5_to_8(in_chunks: int) -> None:
+    """5-8 rows of mul1 take fp16 x' and one packed fp16 mma per tile (kernels/csrc/exl3_gemv.cu, half_slabs).
+
+    Every row matches the reference, and a row's result is bit for bit the same whichever other rows share the
+    call: rows are separate B columns and separate sums, and rows past the call's count are never read.
+    """
+    from sparkctl_exl3 import cuda
+
+    trellis, suh, svh = _random_layer(8 * in_chunks, 16, 2, seed=in_chunks)  # 128 in_chunks x 256, K=2
+    x = torch.randn(8, 128 * in_chunks).half()
+    args = (trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    y8 = cuda.gemv(x.cuda(), *args, ksplit=1)
+    assert _rel(y8.cpu().float(), ref.matmul(x, trellis, suh, svh, "mul1")) < 1e-3
+    for rows in (5, 6, 7):
+        assert torch.equal(cuda.gemv(x[:rows].cuda(), *args, ksplit=1), y8[:rows]), rows
