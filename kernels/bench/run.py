@@ -237,7 +237,9 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                     y, landed = poisoned_call(
                         partial(cuda.gemv, x, trellis, suh, svh, CODEBOOKS.index(cb)), rows, 640, dev
                     )
-                    path = "separate" if min_rows == "1" else "fused"
+                    # mul1 at 5-8 rows always prepares x' in the GEMV (fp16 x', no x' kernel path)
+                    separate = min_rows == "1" and not (cb == "mul1" and rows > 4)
+                    path = "separate" if separate else "fused"
                     case = f"x' {path} 2048x640 K={k2_label(k2)} {cb} rows={rows}"
                     yield CheckResult(
                         "gemv", case, rel_err(y, x.float() @ w), REL_TOL, "" if landed else "(not poisoned)"
