@@ -245,6 +245,16 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                         "gemv", case, rel_err(y, x.float() @ w), REL_TOL, "" if landed else "(not poisoned)"
                     )
 
+    # 2b'. whole chunks per warp (chunk_runs in exl3_gemv.cu): 28 input chunks in one block, 12 warps taking 2 and 4
+    # taking 1, in every row class of the integer kernel
+    trellis, suh, svh = random_layer(3584, 512, 4, gen, dev)
+    w = reference.weight(trellis, suh, svh, "mul1").float()
+    for rows in (1, 2, 3, 5, 8):
+        x = torch.randn(rows, 3584, generator=gen).half().to(dev)
+        y = cuda.gemv(x, trellis, suh, svh, 2, ksplit=1)
+        case = f"whole-chunk warp runs 3584x512 K=2 mul1 rows={rows} ksplit=1"
+        yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
+
     # 2c'. mul1 through the fp16 kernel too (the integer kernel is the default; SPARKCTL_EXL3_MUL1_PATH=fp16)
     with _env(SPARKCTL_EXL3_MUL1_PATH="fp16"):
         for k2 in (4, 8, 5):

@@ -1279,6 +1279,18 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
   __syncwarp();
 }
 
+// Whole 128-row chunks per warp (its runs then start and end on chunk boundaries, so its x' prologue transforms no
+// chunk it does not use) when the block's chunks do not split evenly over the warps but the warps taking one more
+// chunk fill whole groups of four (warp w runs on scheduler w % 4, so every scheduler gets the same number of
+// slabs): e.g. 28 chunks, 12 warps with 2 and 4 with 1, where equal runs were 14 slabs over up to 3 chunks
+// (14336x4096 at ksplit 4). -DEXL3_CHUNK_RUNS=0 keeps equal runs (A/B timing).
+#ifndef EXL3_CHUNK_RUNS
+#define EXL3_CHUNK_RUNS 1
+#endif
+__device__ __forceinline__ bool chunk_runs(int nch, int nw) {
+  return EXL3_CHUNK_RUNS && nch > nw && (nch % nw) % 4 == 0 && nch % nw != 0;
+}
+
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
 // that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
 template <int K2, int kRowCap, int NW>
@@ -1296,8 +1308,12 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   const bool prepped = !kHalf && p.xprep != nullptr;
   using Ring = SlabRing<K2, NW>;
   const SmemI8 L(m, G, p.max_chunks, Ring::kStages * R::kSlabBytes, NW);
-  const int s0 = warp * 8 * nch / NW;            // this warp's run of the block's slabs: [s0, s0 + n)
-  const int n = (warp + 1) * 8 * nch / NW - s0;
+  // this warp's run of the block's slabs: [s0, s0 + n); whole chunks when that keeps each scheduler's four warps
+  // at the same number of slabs (see chunk_runs)
+  const bool whole = chunk_runs(nch, NW);
+  const int cw = nch / NW, cx = nch % NW;
+  const int s0 = whole ? 8 * (warp * cw + min(warp, cx)) : warp * 8 * nch / NW;
+  const int n = whole ? 8 * (cw + (warp < cx ? 1 : 0)) : (warp + 1) * 8 * nch / NW - s0;
   Ring ring(p, smem + L.stage, 8 * c0 + s0, 1, n, col_chunk, warp, lane);
   const uint2 svh_pre = prefetch_svh(p, col_chunk, warp, lane);
 
@@ -1320,7 +1336,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       // as many chunks as this warp's run can touch: a run of n slabs starting on a chunk boundary touches n / 8
       // (all runs do when 8 * nch / NW is a multiple of 8), any run at most n / 8 + 2
       constexpr int kMaxRun = 8 * kMaxChunksPerBlockI8 / NW;
-      const bool aligned = (8 * nch) % (8 * NW) == 0;
+      const bool aligned = whole || (8 * nch) % (8 * NW) == 0;
       if constexpr (kHalf) {
         uint2* xh = reinterpret_cast<uint2*>(smem + L.xq) + s0 * 32;
         if (aligned && n <= 8) warp_prologue_half<1>(p, xh, ring, r0, n, lane, sx);

@@ -265,8 +265,9 @@ def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-# no split, so the warps' runs of slabs are 4 (unaligned), 7 (unaligned, across up to 3 chunks), 8 and 16 (aligned)
-@pytest.mark.parametrize("in_chunks", [8, 14, 16, 32])
+# no split, so the warps' runs of slabs are 4 (unaligned), 7 (unaligned, across up to 3 chunks), 8 and 16 (aligned),
+# and 16 or 8 (28 chunks: whole chunks per warp, chunk_runs)
+@pytest.mark.parametrize("in_chunks", [8, 14, 16, 32, 28])
 def test_cuda_rows_5_to_8(in_chunks: int) -> None:
     """5-8 rows of mul1 take fp16 x' and one packed fp16 mma per tile (kernels/csrc/exl3_gemv.cu, half_slabs).
 
@@ -282,3 +283,15 @@ def test_cuda_rows_5_to_8(in_chunks: int) -> None:
     assert _rel(y8.cpu().float(), ref.matmul(x, trellis, suh, svh, "mul1")) < 1e-3
     for rows in (5, 6, 7):
         assert torch.equal(cuda.gemv(x[:rows].cuda(), *args, ksplit=1), y8[:rows]), rows
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_cuda_whole_chunk_runs(rows: int) -> None:
+    """28 input chunks in one block: 12 warps take 2 whole chunks and 4 take 1 (exl3_gemv.cu, chunk_runs)."""
+    from sparkctl_exl3 import cuda
+
+    trellis, suh, svh = _random_layer(8 * 28, 16, 2, seed=28 + rows)
+    x = torch.randn(rows, 128 * 28).half()
+    y = cuda.gemv(x.cuda(), trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"), ksplit=1)
+    assert _rel(y.cpu().float(), ref.matmul(x, trellis, suh, svh, "mul1")) < 1e-3
