@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from procs import gone
 
 from sparkctl.errors import RuntimeFailure
 from sparkctl.runtimes.native import NativeRuntime, follow_file, tail_lines
@@ -74,7 +75,7 @@ def test_start_stop_kills_the_whole_process_group(make_plan, tmp_path):
     finally:
         rt.stop(state, timeout_s=10)
     assert not rt.is_running(state)
-    assert not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
+    assert gone(worker_pid)
     assert rt.exit_code(state) == -signal.SIGTERM
     assert rt.exit_detail(state) == "process was killed by SIGTERM"
     rt.stop(state)  # idempotent: stopping a gone server is not an error

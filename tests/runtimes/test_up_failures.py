@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 from ctrl_c import sigint_default
+from procs import gone
 
 from sparkctl.server.ports import free_port
 
@@ -160,7 +161,7 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted: stopped what this `up` had started" in err, err
     assert "Aborted." not in err and "Traceback" not in err, err
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, err
+    assert gone(pid), err
     _nothing_left(tmp_path, marker)
 
 
@@ -433,7 +434,7 @@ def test_restart_applies_an_edited_recipe(tmp_path):
         assert "stopped the running edited" in again.stderr, again.stderr
         pid2 = json.loads(state_file.read_text())["pid"]
         assert pid2 != pid1
-        assert not psutil.pid_exists(pid1) or psutil.Process(pid1).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid1)
         quiet = _sparkctl(tmp_path, "up", str(recipe), "--port", port, "--no-smoke")
         assert quiet.returncode == 0 and "older version" not in quiet.stderr, quiet.stderr
     finally:
