@@ -1197,7 +1197,7 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 //   holds), which leaves P, and everything after it, as xprime_mma has them.
 // * Stage 2 transforms two rows in one mma, P rounded once to fp16 (x' is rounded to fp16 anyway): A = diag(H8,
 //   H8), row 2i's P along k 0..7 and row 2i+1's along k 8..15; rows 0..7 of C are row 2i's x', rows 8..15 row
-//   2i+1's. Two mmas per row and chunk become one and a half.
+//   2i+1's. Three mmas per row and chunk become two.
 // * What is stored is x' / sqrt2 (the transform's own scale: the end of the block multiplies the sums by sqrt2), and
 //   the rows' loop has no branch per row (the store predicated, the sum selected) so their chains interleave:
 //   14336x4096 8 rows -0.6 us (run 62).
