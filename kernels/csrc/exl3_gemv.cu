@@ -1390,15 +1390,14 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   // columns of absent rows, which the end of the block ignores (integer sums: garbage cannot trap). No per-slab
   // predicate, then.
   const uint32_t* xq_run = reinterpret_cast<const uint32_t*>(smem + L.xq) + s0 * G * 32;  // this warp's first slab
-  // integer sums (kHalf: one int per float, unused: the compiler drops them)
-  int acc[kHalf ? 1 : G][8][4];
+  int acc[G][8][4];  // integer sums (the 5-8 row class: hacc)
   float hacc[8][4];
 #pragma unroll
-  for (int t = 0; t < 8; ++t) {
-    hacc[t][0] = hacc[t][1] = hacc[t][2] = hacc[t][3] = 0.0f;
+  for (int cg = 0; cg < G; ++cg)
 #pragma unroll
-    for (int cg = 0; cg < (kHalf ? 1 : G); ++cg) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
-  }
+    for (int t = 0; t < 8; ++t) acc[cg][t][0] = acc[cg][t][1] = acc[cg][t][2] = acc[cg][t][3] = 0;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) hacc[t][0] = hacc[t][1] = hacc[t][2] = hacc[t][3] = 0.0f;
 
   if constexpr (kHalf) {
     half_slabs<K2>(ring, lw, reinterpret_cast<const uint2*>(smem + L.xq) + s0 * 32 + lane, hacc, n);
@@ -1572,8 +1571,8 @@ bool mul1_int_path() {
 // prologue, whose registers the multi-row code must not touch: kernels/PERF.md run 44), 2 rows and 3-4 rows (one
 // column group; the prologue computes the class's rows together, so 2 rows do not pay for 4) and 5-8 rows (fp16 x'
 // and one fp16 mma per tile, half_slabs: kernels/PERF.md runs 59-62). Most rows mul1 takes through the integer
-// kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing); the fp16 kernel, with its block-wide x', is
-// 4-8 us slower at 5-8 rows.
+// kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing); the fp16 kernel, with its block-wide x', took
+// 24.6-26.8 us at 8 rows (run 43) where this class takes 17.8-18.4 (runs 64-65).
 int i8_max_rows() {
   const char* v = getenv("SPARKCTL_EXL3_I8_MAX_ROWS");
   return v && v[0] ? atoi(v) : 8;
