@@ -84,7 +84,8 @@ constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bo
 constexpr int kMaxChunksPerBlockI8 = 32;
 // The split-K hand-over by ticket (take_ticket) serves the integer kernel's row classes up to 4 rows, where it saves
 // 0.1-0.4 us per split call. The 5-8 row class and the fp16 kernel keep the fenced hand-over: with the ticket one,
-// ptxas scheduled the rest of those kernels differently and they ran 0.3-1.0 us slower (kernels/PERF.md runs 49-56).
+// ptxas scheduled the rest of those kernels differently and they ran 0.3-1.0 us slower (kernels/PERF.md runs 49-56;
+// for the 5-8 row class again in runs 61 and 69).
 __host__ __device__ constexpr bool ticket_rows(int rows) { return rows <= 4; }
 // Where the ticket slots start in the int32 workspace (after the column chunks' counters, 16-byte aligned).
 __host__ __device__ constexpr int slots_offset(int out_features) { return (out_features / 128 + 3) / 4 * 4; }
@@ -876,6 +877,12 @@ __device__ __forceinline__ uint32_t had_pair(int i, int j, uint32_t pos, uint32_
   return ((__popc(i & j) & 1) ? neg : pos) | (((__popc(i & (j + 1)) & 1) ? neg : pos) << 16);
 }
 
+// stage 1: p += (H16 / 16) . (x * suh)^T, the product rounded to fp16 as exllamav3 rounds it
+__device__ __forceinline__ void xsuh_mma(float (&p)[4], const uint32_t (&h16)[4], uint2 xv, uint2 sv) {
+  mma_16816(p, h16, h2_as_u32(__hmul2(u32_as_h2(xv.x), u32_as_h2(sv.x))),
+            h2_as_u32(__hmul2(u32_as_h2(xv.y), u32_as_h2(sv.y))));
+}
+
 // x' through the tensor cores (the integer kernel's prologues; EXL3_XPRIME_SHFL builds the shuffle butterfly
 // instead, for A/B timing). Element i = 16a + b of a chunk (a = 0..7, b = 0..15) and H128 = H8 (x) H16, so
 // x'*sqrt(128) = H8 . X . H16 with X[a][b]: two mmas and no shuffles, where the butterfly takes 20 shuffles and
@@ -913,8 +920,7 @@ __device__ __forceinline__ void split_h2(float a, float b, uint32_t& hi, uint32_
 }
 __device__ __forceinline__ void xprime_mma(uint2 xv, uint2 sv, const HadFrags& f, float (&v)[4]) {
   float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_16816(p, f.h16, h2_as_u32(__hmul2(u32_as_h2(xv.x), u32_as_h2(sv.x))),
-            h2_as_u32(__hmul2(u32_as_h2(xv.y), u32_as_h2(sv.y))));
+  xsuh_mma(p, f.h16, xv, sv);
   const uint32_t a2[4] = {f.h8, 0u, f.h8, 0u};
   uint32_t hi, lo;
   float z0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1163,17 +1169,25 @@ __device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, c
 __host__ __device__ constexpr bool half_rows(int row_cap) { return EXL3_HALF_ROWS != 0 && row_cap > 4; }
 
 // The main loop of the 5-8 row class: `count` slabs, B fragments at xqp[32 j] (lane (g, c): row g's x' at k = 2c,
-// 2c+1 and 2c+8, 2c+9 of slab j).
+// 2c+1 and 2c+8, 2c+9 of slab j). sacc gets the sums of x' the k_bias term needs, by one more mma per slab with A =
+// ones: its C fragment holds them for rows 2c, 2c + 1, where the lane's C fragment of acc has its rows. They are
+// sums of the rounded values the mma sees, as they must be (the k_bias term cancels most of k_inv * 1024 * sum x',
+// kernels/PERF.md runs 59-64). Summed in the prologue instead (fp32 adds and a 12-shuffle reduce-scatter, on the
+// path to the first mma), 5-8 row calls took 0.1-0.3 us longer at 4096x14336 and 14336x4096 and 0.55-0.7 us longer
+// at 4096x4096 (runs 67-69).
 template <int K2, typename Ring>
 __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint2* xqp,
-                                           float (&acc)[8][4], int count) {
+                                           float (&acc)[8][4], float (&sacc)[4], int count) {
   using R = Rate<K2>;
+  constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 (1, 1)
+  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   for (int i = 0; i < count; ++i) {
     cp_async_wait<Ring::kStages - 2>();
     __syncwarp();
     ring.load();
     const uint2 b = *xqp;
     xqp += 32;
+    mma_16816(sacc, ones, b.x, b.y);  // C[., n]: the sum of row n's x' over the slab
     const unsigned char* st = ring.next();
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -1188,8 +1202,7 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 }
 
 // The prologue of a warp for 5..8 rows: x' of every row for the warp's H chunks in fp16, written as the main loop's B
-// fragments (slab j of the run at xq[32 j], lane slot 4 row + c), and the sum of the written (rounded) values of
-// the rows this lane's C fragment holds (rows 2c and 2c + 1) into sx. The tensor-core transform of xprime_mma, cut
+// fragments (slab j of the run at xq[32 j], lane slot 4 row + c). The tensor-core transform of xprime_mma, cut
 // down for fp16 x' (kernels/PERF.md runs 60-62):
 // * Lane (sl, c) loads elements 16 sl + 4c .. 4c + 3 of each chunk (one 64-bit load, not two 32-bit ones; the x of
 //   eight rows is what the block's first microseconds move) and stage 1's A fragment takes H16's columns in that
@@ -1199,13 +1212,13 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 //   H8), row 2i's P along k 0..7 and row 2i+1's along k 8..15; rows 0..7 of C are row 2i's x', rows 8..15 row
 //   2i+1's. Three mmas per row and chunk become two.
 // * What is stored is x' / sqrt2 (the transform's own scale: the end of the block multiplies the sums by sqrt2), and
-//   the rows' loop has no branch per row (the store predicated, the sum selected) so their chains interleave:
+//   the rows' loop has no branch per row (the store predicated) so their chains interleave:
 //   14336x4096 8 rows -0.6 us (run 62).
 // Rows 0..5 always run (the class has at least 5; a sixth past m repeats the fifth), rows 6 and 7 only when
 // present. Rows past m write B columns that only reach C columns the end of the block ignores.
 template <int H, typename Ring>
 __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* xq, Ring& ring, int r0, int n,
-                                                   int lane, float (&sx)[2]) {
+                                                   int lane) {
   const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;
   const int c = lane & 3, sl = lane >> 2;
   const int m = p.m;
@@ -1228,19 +1241,14 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
                            had_pair(sl, 4 * c + 2, kP16, kN16), had_pair(sl + 8, 4 * c + 2, kP16, kN16)};
   const uint32_t h8 = had_pair(sl, 2 * c, 0x3C00u, 0xBC00u);
   const uint32_t a2[4] = {h8, 0u, 0u, h8};
-  float rs[kMaxRows];  // this lane's share of each row's sum of x'
-#pragma unroll
-  for (int r = 0; r < kMaxRows; ++r) rs[r] = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxRows / 2; ++i) {
     if (i == kMaxRows / 2 - 1 && m <= 6) break;
 #pragma unroll
     for (int h = 0; h < H; ++h) {
       float pa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_16816(pa, h16, h2_as_u32(__hmul2(u32_as_h2(xv[2 * i][h].x), u32_as_h2(sv[h].x))),
-                h2_as_u32(__hmul2(u32_as_h2(xv[2 * i][h].y), u32_as_h2(sv[h].y))));
-      mma_16816(pb, h16, h2_as_u32(__hmul2(u32_as_h2(xv[2 * i + 1][h].x), u32_as_h2(sv[h].x))),
-                h2_as_u32(__hmul2(u32_as_h2(xv[2 * i + 1][h].y), u32_as_h2(sv[h].y))));
+      xsuh_mma(pa, h16, xv[2 * i][h], sv[h]);
+      xsuh_mma(pb, h16, xv[2 * i + 1][h], sv[h]);
       float z0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       mma_16816(z0, a2, h2_as_u32(__floats2half2_rn(pa[0], pa[1])), h2_as_u32(__floats2half2_rn(pb[0], pb[1])));
       mma_16816(z1, a2, h2_as_u32(__floats2half2_rn(pa[2], pa[3])), h2_as_u32(__floats2half2_rn(pb[2], pb[3])));
@@ -1250,32 +1258,12 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
       for (int j = 0; j < 2; ++j) {  // row 2i + j: x' / sqrt2 at 16 sl + 2c, +1 (z0) and +8, +9 (z1)
         const __half2 lo = __floats2half2_rn(z0[2 * j], z0[2 * j + 1]);
         const __half2 hi = __floats2half2_rn(z1[2 * j], z1[2 * j + 1]);
-        const float2 a = __half22float2(lo), b = __half22float2(hi);
-        rs[2 * i + j] += mine ? (a.x + a.y) + (b.x + b.y) : 0.0f;
         if (mine) xq[(row - r0) * 32 + 4 * (2 * i + j) + c] = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
       }
     }
   }
 #pragma unroll
   for (int i = 1; i < Ring::kStages - 1; ++i) ring.load();
-  // reduce-scatter of the 8 sums over the warp: lane (g, c) ends with rows 2c and 2c + 1 (lane bit 1 picks the
-  // half of the rows, bit 0 the pair, bits 2-4 sum the rest): 12 shuffles instead of 8 x 5
-  const bool b1 = lane & 2, b0 = lane & 1;
-  float t[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float keep = b1 ? rs[4 + i] : rs[i], give = b1 ? rs[i] : rs[4 + i];
-    t[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, give, 2);
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const float keep = b0 ? t[2 + j] : t[j], give = b0 ? t[j] : t[2 + j];
-    sx[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, give, 1);
-  }
-#pragma unroll
-  for (int mask = 4; mask < 32; mask <<= 1)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) sx[j] += __shfl_xor_sync(0xFFFFFFFFu, sx[j], mask);
   __syncwarp();
 }
 
@@ -1323,7 +1311,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   // 0 for a warp without slabs (a split into very short slices), which then adds nothing.
   float d_lane[G];
   int qs_lane[G];
-  float sx[2] = {0.0f, 0.0f};  // 5-8 rows: the sums of x' of rows 2c, 2c + 1 (warp_prologue_half)
+  float sx[2] = {0.0f, 0.0f};  // 5-8 rows: the warp's sums of x' of rows 2c, 2c + 1 (half_slabs)
 #pragma unroll
   for (int cg = 0; cg < G; ++cg) {
     d_lane[cg] = 0.0f;
@@ -1339,9 +1327,9 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       const bool aligned = whole || (8 * nch) % (8 * NW) == 0;
       if constexpr (kHalf) {
         uint2* xh = reinterpret_cast<uint2*>(smem + L.xq) + s0 * 32;
-        if (aligned && n <= 8) warp_prologue_half<1>(p, xh, ring, r0, n, lane, sx);
-        else if (aligned) warp_prologue_half<2>(p, xh, ring, r0, n, lane, sx);
-        else warp_prologue_half<warp_chunks(15)>(p, xh, ring, r0, n, lane, sx);
+        if (aligned && n <= 8) warp_prologue_half<1>(p, xh, ring, r0, n, lane);
+        else if (aligned) warp_prologue_half<2>(p, xh, ring, r0, n, lane);
+        else warp_prologue_half<warp_chunks(15)>(p, xh, ring, r0, n, lane);
       } else if constexpr (kRowCap == 1) {
         float& d = d_lane[0];
         int* qs = &qs_lane[0];
@@ -1400,7 +1388,10 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   for (int t = 0; t < 8; ++t) hacc[t][0] = hacc[t][1] = hacc[t][2] = hacc[t][3] = 0.0f;
 
   if constexpr (kHalf) {
-    half_slabs<K2>(ring, lw, reinterpret_cast<const uint2*>(smem + L.xq) + s0 * 32 + lane, hacc, n);
+    float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    half_slabs<K2>(ring, lw, reinterpret_cast<const uint2*>(smem + L.xq) + s0 * 32 + lane, hacc, sacc, n);
+    sx[0] = sacc[0];
+    sx[1] = sacc[1];
   } else if (kRowCap == 1 && !prepped) {  // the one-row B layout (warp_prologue)
     i8_slabs<K2, G, kRowCap == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
   } else {
