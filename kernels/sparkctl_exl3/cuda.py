@@ -47,8 +47,17 @@ _error: str | None = None
 # later call on that stream, CUDA graphs included; it only has to grow (a fresh zeroed buffer) for a bigger call.
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _WORKSPACE_MIN = 4096
-# Workspace size per (device, layer shape, rows, codebook, ksplit): asked of the kernel's planner once.
-_workspace_need: dict[tuple[int, ...], int] = {}
+# Workspace size per (device, layer shape, rows, codebook, ksplit, planner settings): asked of the kernel's planner
+# once. The settings are environment variables the planner reads on every call (kernels/README.md), so a process
+# that changes one between calls (the bench's checks do) gets a new plan, and the size must follow it: the integer
+# kernel's ticket slots make its workspace larger than the fp16 kernel's for the same layer.
+_workspace_need: dict[tuple[int | str | None, ...], int] = {}
+_PLAN_SETTINGS = (
+    "SPARKCTL_EXL3_MUL1_PATH",
+    "SPARKCTL_EXL3_I8_MAX_ROWS",
+    "SPARKCTL_EXL3_XPREP_MIN_ROWS",
+    "SPARKCTL_EXL3_SMEM_LIMIT",
+)
 
 
 def sources() -> list[Path]:
@@ -156,7 +165,8 @@ def _workspace_for(
 ) -> torch.Tensor:
     device = trellis.device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    shape_key = (index, *trellis.shape, rows, codebook_id, ksplit)
+    settings = tuple(os.environ.get(name) for name in _PLAN_SETTINGS)
+    shape_key = (index, *trellis.shape, rows, codebook_id, ksplit, *settings)
     need = _workspace_need.get(shape_key)
     if need is None:
         need = max(_WORKSPACE_MIN, int(module.gemv_workspace(trellis, rows, codebook_id, ksplit)))

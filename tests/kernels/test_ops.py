@@ -265,6 +265,35 @@ def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_workspace_follows_plan_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace size asked under one planner setting does not serve a call planned under another.
+
+    SPARKCTL_EXL3_MUL1_PATH=fp16 plans one split row of mul1 on the fp16 kernel (fenced hand-over: counters only);
+    without it the integer kernel's ticket hand-over needs its slots too. The size cached for the first call must
+    not be reused for the second (on a stream whose workspace is still the small one, the call would be refused).
+    """
+    from sparkctl_exl3 import cuda
+
+    monkeypatch.setattr(cuda, "_workspace_need", {})
+    trellis, suh, svh = _random_layer(256, 512, 2, seed=41)  # 4096 x 8192: split at one row, 8192 columns
+    x = torch.randn(1, 4096).half()
+    expected = ref.matmul(x, trellis, suh, svh, "mul1")
+    args = (x.cuda(), trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    stream = torch.cuda.Stream()  # a stream no earlier test has given a workspace
+    with torch.cuda.stream(stream):
+        monkeypatch.setenv("SPARKCTL_EXL3_MUL1_PATH", "fp16")
+        y16 = cuda.gemv(*args, ksplit=4)
+        small = cuda._workspaces[(torch.cuda.current_device(), stream.cuda_stream)].numel()
+        monkeypatch.delenv("SPARKCTL_EXL3_MUL1_PATH")
+        y8 = cuda.gemv(*args, ksplit=4)
+        large = cuda._workspaces[(torch.cuda.current_device(), stream.cuda_stream)].numel()
+    stream.synchronize()
+    assert large >= 4 * 8192 > small  # the ticket slots of 4 splits x 1 row x 8192 columns
+    assert _rel(y16.cpu().float(), expected) < 1e-3
+    assert _rel(y8.cpu().float(), expected) < 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # no split, so the warps' runs of slabs are 4 (unaligned), 7 (unaligned, across up to 3 chunks), 8 and 16 (aligned),
 # and 16 or 8 (28 chunks: whole chunks per warp, chunk_runs)
 @pytest.mark.parametrize("in_chunks", [8, 14, 16, 32, 28])
