@@ -406,8 +406,9 @@ __device__ __forceinline__ uint2 prefetch_svh(const KernelArgs& p, int col_chunk
 // block's reduction. Every block then stores its partial sums; the block holding the last ticket sums all slices.
 // No release/acquire pair tells it that a slice has landed: the value itself does. The slots are zero before a call
 // (the finisher clears them as it reads them, and resets the counter; they live in the caller's zeroed workspace,
-// exl3_gemv_plan's workspace_ints), a stored partial is never zero (+0.0 is stored as -0.0, the same number), and each 32-bit
-// word is written and read whole by strong (relaxed) accesses, so the finisher reads a slot until it is non-zero.
+// exl3_gemv_plan's workspace_ints), a stored partial is never zero (+0.0 is stored as -0.0, the same number), and
+// each 32-bit word is written and read whole by strong (relaxed) accesses, so the finisher reads a slot until it is
+// non-zero.
 // It can only wait for blocks that took a ticket before it, which are resident and running. The fenced hand-over
 // (slots stored, release + atomic, then the loads) has three round trips after the reduction; this one has one.
 // The "memory" clobbers keep the slot accesses in program order; a volatile store instead of the asm one moved
@@ -1552,6 +1553,9 @@ KernelInfo info_i8() {
 }
 
 // mul1 goes through the integer kernel unless SPARKCTL_EXL3_MUL1_PATH=fp16 (kept for A/B timing and checks).
+// The planner's settings (this one, SPARKCTL_EXL3_I8_MAX_ROWS, _XPREP_MIN_ROWS and _SMEM_LIMIT) are read on every
+// call; sparkctl_exl3/cuda.py keys the workspace sizes it caches on them (_PLAN_SETTINGS), so a new setting that
+// can change the plan belongs in that list too.
 bool mul1_int_path() {
   const char* v = getenv("SPARKCTL_EXL3_MUL1_PATH");
   return !(v && strcmp(v, "fp16") == 0);

@@ -48,9 +48,9 @@ _error: str | None = None
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _WORKSPACE_MIN = 4096
 # Workspace size per (device, layer shape, rows, codebook, ksplit, planner settings): asked of the kernel's planner
-# once. The settings are environment variables the planner reads on every call (kernels/README.md), so a process
-# that changes one between calls (the bench's checks do) gets a new plan, and the size must follow it: the integer
-# kernel's ticket slots make its workspace larger than the fp16 kernel's for the same layer.
+# once. The settings are environment variables the planner reads on every call (exl3_gemv.cu, above mul1_int_path),
+# so a process that changes one between calls (the bench's checks do) gets a new plan, and the size must follow it:
+# the integer kernel's ticket slots make its workspace larger than the fp16 kernel's for the same layer.
 _workspace_need: dict[tuple[int | str | None, ...], int] = {}
 _PLAN_SETTINGS = (
     "SPARKCTL_EXL3_MUL1_PATH",
