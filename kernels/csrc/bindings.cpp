@@ -77,7 +77,8 @@ Exl3GemvParams shape_params(int64_t m, int64_t in_features, int64_t out_features
 
 // What exl3_gemv_plan says about one launch. The workspace (int32) is zero before the first call and left zero by
 // the kernel, so one buffer per stream serves every later call (CUDA graph replays included): the column chunks'
-// split-K counters, then the slots of the ticket hand-over, which must persist for the same reason (PERF run 56).
+// split-K counters, then the slots of the ticket or fixed-point hand-over, which must persist for the same reason
+// (PERF runs 56, 72).
 struct LaunchPlan {
   int ksplit = 0;
   size_t partial_floats = 0, xprep_halfs = 0, workspace_ints = 0;

@@ -14,8 +14,10 @@
 //   B-fragment order; the integer kernel's warps each compute their own share in registers, on the tensor cores.
 //   The output side (Hadamard, then * svh) runs once per column chunk in the block that finishes last (a counter
 //   per chunk; the partial sums of the other slices come through global memory and are added in a fixed order, so
-//   results are deterministic), which also rounds to fp16. Two hand-overs of those partial sums: by ticket
-//   (take_ticket) in the integer kernel up to 4 rows, with the classic fenced "last block" atomic elsewhere.
+//   results are deterministic), which also rounds to fp16. Three hand-overs of those partial sums (see HandOver):
+//   fixed-point atomics (fixed_share) and tickets (take_ticket) in the integer kernel up to 2 and 4 rows, the
+//   classic fenced "last block" atomic elsewhere. With fixed-point atomics every block finishes its own slice and
+//   the block that completes a column's sum stores it.
 // * mul1 (every exllamav3 model since v1.0.0) runs in the integer kernel: the hash bytes straight into the integer
 //   mma for 1-4 rows; for 5-8 rows decoded to fp16 (DP4A), two weights per register, one fp16 mma per tile.
 
@@ -82,12 +84,23 @@ constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bo
 // The integer kernel may take a whole 4096-input column chunk in one block (no split, no partial sums): its int32
 // sums stay exact up to 16448 inputs (4 bytes x 255 x 128 per input), far above 32 chunks.
 constexpr int kMaxChunksPerBlockI8 = 32;
-// The split-K hand-over by ticket (take_ticket) serves the integer kernel's row classes up to 4 rows, where it saves
-// 0.1-0.4 us per split call. The 5-8 row class and the fp16 kernel keep the fenced hand-over: with the ticket one,
-// ptxas scheduled the rest of those kernels differently and they ran 0.3-1.0 us slower (kernels/PERF.md runs 49-56;
-// for the 5-8 row class again in runs 61 and 69).
-__host__ __device__ constexpr bool ticket_rows(int rows) { return rows <= 4; }
-// Where the ticket slots start in the int32 workspace (after the column chunks' counters, 16-byte aligned).
+// Three split-K hand-overs of the partial sums of a column chunk (kernels/PERF.md runs 48-56 and 72-74): fixed-point
+// atomics (fixed_share) for the integer kernel's 1 and 2 row classes, tickets (take_ticket) for its 3-4 row class,
+// and the fenced "last block" atomic for its 5-8 row class and the fp16 kernel. Fixed-point atomics save 0.1-0.9 us
+// per split call of 1-2 rows, but 4 rows mean four times the atomics, and they ran 0.2-0.3 us slower than tickets
+// there; tickets in turn made ptxas schedule the 5-8 row class and the fp16 kernel 0.3-1.0 us slower (runs 49-56,
+// 61, 69), and fixed-point atomics made the 5-8 row class 0.75 us slower (run 72).
+enum HandOver { kFencedHandOver, kTicketHandOver, kFixedHandOver };
+#ifndef EXL3_FIXED_ROWS
+#define EXL3_FIXED_ROWS 2
+#endif
+__host__ __device__ constexpr HandOver hand_over(int rows) {
+  return rows <= EXL3_FIXED_ROWS ? kFixedHandOver : rows <= 4 ? kTicketHandOver : kFencedHandOver;
+}
+// Most slices the fixed-point hand-over counts (its arrival field has 8 bits).
+constexpr int kMaxFixedSplit = 255;
+// Where the ticket and fixed-point slots start in the int32 workspace (after the column chunks' counters, 16-byte
+// aligned).
 __host__ __device__ constexpr int slots_offset(int out_features) { return (out_features / 128 + 3) / 4 * 4; }
 constexpr int kRedStride = 132;            // fp32 row stride of the per-warp reduction buffer (bank-conflict pad)
 constexpr float kHadScale = 0.08838834764831845f;  // 1/sqrt(128)
@@ -363,7 +376,8 @@ struct KernelArgs {
   int ksplit;
   int max_chunks;  // most 128-row chunks any block gets (sizes the shared memory regions)
   const uint8_t* xprep;  // x' already in B-fragment order for all of I (xprep_kernel), or null: compute per block
-  uint32_t* slots;  // split-K slots of the ticket hand-over (in the zeroed workspace after the counters)
+  uint32_t* slots;  // split-K slots of the ticket and fixed-point hand-overs (in the zeroed workspace, after the
+                    // counters)
 };
 
 // Shared memory layout, in bytes (host and device agree through this struct).
@@ -429,19 +443,78 @@ __device__ __forceinline__ uint32_t load_slot(const uint32_t* a) {
   return b;
 }
 
+// Split-K hand-over by fixed-point atomics (kernels/PERF.md runs 72-74). Every block of a split column chunk finishes
+// its own slice as far as it can (output Hadamard, * svh: both linear) and adds the result into one 64-bit slot per
+// (row, column) with an atomic that returns the old value. The slot holds [value: 48 bits | specials: 8 | arrivals:
+// 8]: the block whose add brings the arrivals to the number of slices has the whole sum in the returned value, with
+// no further round trip and no wait for the other blocks (the ticket hand-over that came before spent a round trip
+// reading slots that had not all landed yet). The value is fixed point with 30 - ceil(log2(slices)) fraction bits,
+// added modulo 2^48: integer adds give the same sum in any order, so results stay deterministic, and any total
+// within +-2^17 (fp16 tops out at 65504) comes back exact whatever the slices' own sizes, as long as each is below
+// 2^17. A slice that is not finite or not below 2^17 counts as a special instead of adding, and makes the column NaN.
+// The finishing block clears the slot for the next call (the workspace is zero between calls).
+constexpr float kFixedLimit = 131072.0f;  // 2^17
+__device__ __forceinline__ int fixed_frac_bits(int contributors) { return 30 - (32 - __clz(contributors - 1)); }
+// What one slice adds to a slot.
+__device__ __forceinline__ unsigned long long fixed_share(float v, float to_fixed) {
+  return fabsf(v) < kFixedLimit ? (static_cast<unsigned long long>(__float2ll_rn(v * to_fixed)) << 16) + 1ull
+                                : 0x101ull;
+}
+// The column's fp16 value from a complete slot.
+__device__ __forceinline__ __half fixed_result(unsigned long long sum, float from_fixed) {
+  if (sum & 0xFF00ull) return __ushort_as_half(0x7E00u);
+  return __float2half_rn(__ll2float_rn(static_cast<long long>(sum) >> 16) * from_fixed);
+}
+// Adds a lane's 4 finished values of one row (columns `at` .. `at` + 3 of y) to their slots, and stores and clears
+// the columns this add completes.
+__device__ __forceinline__ void add_fixed(const KernelArgs& p, const float (&v)[4], size_t at, int contributors) {
+  const int f = fixed_frac_bits(contributors);
+  const float to_fixed = __int_as_float((127 + f) << 23), from_fixed = __int_as_float((127 - f) << 23);
+  unsigned long long* sl = reinterpret_cast<unsigned long long*>(p.slots) + at;
+  __half* yp = p.y + at;
+  unsigned long long sum[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned long long add = fixed_share(v[j], to_fixed);
+    sum[j] = atomicAdd(sl + j, add) + add;
+  }
+  bool all = true;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) all = all && static_cast<int>(sum[j] & 0xFFull) == contributors;
+  if (all) {
+    uint2 res;
+    res.x = h2_as_u32(__halves2half2(fixed_result(sum[0], from_fixed), fixed_result(sum[1], from_fixed)));
+    res.y = h2_as_u32(__halves2half2(fixed_result(sum[2], from_fixed), fixed_result(sum[3], from_fixed)));
+    *reinterpret_cast<uint2*>(yp) = res;
+    *reinterpret_cast<ulonglong2*>(sl) = make_ulonglong2(0ull, 0ull);  // cleared for the next call
+    *reinterpret_cast<ulonglong2*>(sl + 2) = make_ulonglong2(0ull, 0ull);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (static_cast<int>(sum[j] & 0xFFull) == contributors) {
+        yp[j] = fixed_result(sum[j], from_fixed);
+        sl[j] = 0ull;
+      }
+    }
+  }
+}
+
 // The end of every block, after its warps wrote their partial sums to red[warp][row][kRedStride]: sum the warps,
-// apply the row affine, then either finish the column chunk (ksplit 1) or leave the slice's partial in global
-// memory, and let the block with the last ticket sum every slice in split order (deterministic) and finish it. To
-// finish = 128-point output Hadamard, then * svh, rounded once to fp16.
-// `part` points at this column chunk's slots (ticket hand-over, kTicket: uint32 words, 0 = empty) or partial sums
-// (fenced hand-over: floats): slot s, row r, column n at part[s * slot_stride + r * row_stride + n]; `slot` is this
-// block's, `contributors` the number of blocks adding to the chunk, `ticket` what take_ticket gave thread 0. `sv`:
-// lane l of warp r < m holds svh[4l .. 4l+3] of the chunk, loaded by the caller when its block started
-// (prefetch_svh).
-template <int NW, bool kTicket>
+// apply the row affine, then either finish the column chunk (ksplit 1) or hand the slice over (kMode): fenced or by
+// ticket, the slice's partial goes to global memory and the block with the last ticket sums every slice in split
+// order (deterministic) and finishes the chunk; fixed-point, every block finishes its own slice and adds it to the
+// chunk's slots (fixed_share), and the block that completes a column stores it. To finish = 128-point output
+// Hadamard, then * svh, rounded once to fp16.
+// `part` points at this column chunk's slots (ticket hand-over: uint32 words, 0 = empty) or partial sums (fenced
+// hand-over: floats): slot s, row r, column n at part[s * slot_stride + r * row_stride + n] (the fixed-point
+// hand-over uses p.slots instead); `slot` is this block's, `contributors` the number of blocks adding to the
+// chunk, `ticket` what take_ticket gave thread 0. `sv`: lane l of warp r < m holds svh[4l .. 4l+3] of the chunk,
+// loaded by the caller when its block started (prefetch_svh).
+template <int NW, HandOver kMode>
 __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, float* zsum, const RowAffine& ra,
                                              int col_chunk, int slot, int contributors, int ticket, uint32_t* part,
                                              size_t slot_stride, size_t row_stride, uint2 sv) {
+  constexpr bool kTicketMode = kMode == kTicketHandOver, kFixedMode = kMode == kFixedHandOver;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int m = p.m;
   __syncthreads();
@@ -453,13 +526,13 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
 #pragma unroll
     for (int w = 0; w < NW; ++w) s += red[(w * m + row) * kRedStride + n];
     s = ra.a[row] * s + ra.b[row];
-    if (contributors == 1) zsum[idx] = s;
-    else if constexpr (kTicket) store_slot(part + slot * slot_stride + row * row_stride + n, s);
+    if (kFixedMode || contributors == 1) zsum[idx] = s;
+    else if constexpr (kTicketMode) store_slot(part + slot * slot_stride + row * row_stride + n, s);
     else reinterpret_cast<float*>(part)[slot * slot_stride + row * row_stride + n] = s;
   }
-  if (contributors > 1) {
+  if (!kFixedMode && contributors > 1) {
     __shared__ int is_last;
-    if constexpr (kTicket) {
+    if constexpr (kTicketMode) {
       if (tid == 0) is_last = ticket == contributors - 1;
     } else {
       // the barrier orders every thread's slot stores before thread 0's gpu-scope release (cumulative), whose
@@ -477,7 +550,7 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
       EXL3_STAMP(kStampsEnd);
       return;
     }
-    if constexpr (kTicket) {
+    if constexpr (kTicketMode) {
       for (int idx = tid; idx < m * 128; idx += NW * 32) {
         const int row = idx >> 7, n = idx & 127;
         uint32_t* col = part + row * row_stride + n;
@@ -516,10 +589,18 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
     float v[4] = {z.x, z.y, z.z, z.w};
     had128_warp(v, lane);
     const float2 s01 = __half22float2(u32_as_h2(sv.x)), s23 = __half22float2(u32_as_h2(sv.y));
-    uint2 res;
-    res.x = h2_as_u32(__floats2half2_rn(v[0] * kHadScale * s01.x, v[1] * kHadScale * s01.y));
-    res.y = h2_as_u32(__floats2half2_rn(v[2] * kHadScale * s23.x, v[3] * kHadScale * s23.y));
-    *reinterpret_cast<uint2*>(p.y + static_cast<size_t>(warp) * out + n0 + lane * 4) = res;
+    if (kFixedMode && contributors > 1) {
+      v[0] = v[0] * kHadScale * s01.x;
+      v[1] = v[1] * kHadScale * s01.y;
+      v[2] = v[2] * kHadScale * s23.x;
+      v[3] = v[3] * kHadScale * s23.y;
+      add_fixed(p, v, static_cast<size_t>(warp) * out + n0 + lane * 4, contributors);
+    } else {
+      uint2 res;
+      res.x = h2_as_u32(__floats2half2_rn(v[0] * kHadScale * s01.x, v[1] * kHadScale * s01.y));
+      res.y = h2_as_u32(__floats2half2_rn(v[2] * kHadScale * s23.x, v[3] * kHadScale * s23.y));
+      *reinterpret_cast<uint2*>(p.y + static_cast<size_t>(warp) * out + n0 + lane * 4) = res;
+    }
   }
   EXL3_STAMP(5);
   EXL3_STAMP(kStampsEnd);
@@ -758,10 +839,10 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
       }
     }
   }
-  finish_block<kWarps, false>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split, p.ksplit, 0,
-                              reinterpret_cast<uint32_t*>(p.partials) + col_chunk * 128,
-                              static_cast<size_t>(m) * p.out_features, p.out_features,
-                              prefetch_svh(p, col_chunk, warp, lane));
+  finish_block<kWarps, kFencedHandOver>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, split,
+                                        p.ksplit, 0, reinterpret_cast<uint32_t*>(p.partials) + col_chunk * 128,
+                                        static_cast<size_t>(m) * p.out_features, p.out_features,
+                                        prefetch_svh(p, col_chunk, warp, lane));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -823,10 +904,22 @@ __device__ __forceinline__ float warp_max_abs(float m) {
   return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(m)));
 }
 
+// max(a, b), NaN if either is: with fmaxf (which drops a NaN) an x' of NaN left the warp's maximum finite, the NaN
+// became a garbage q, and an input of inf or NaN gave finite outputs. Through this, the maximum, and so the scale of
+// the warp's sums, is NaN or inf, and the outputs are not finite, as the reference's are. The same FMNMX.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float max_abs4(const float (&v)[4]) {
+  return fmax_nan(fmax_nan(fabsf(v[0]), fabsf(v[1])), fmax_nan(fabsf(v[2]), fabsf(v[3])));
+}
+
 // x' in fp32 (xprime_values); returns max |x'| over the chunk (every lane gets it).
 __device__ __forceinline__ float xprime_f32(uint2 xv, uint2 sv, float (&v)[4], int lane) {
   xprime_values(xv, sv, v, lane);
-  return warp_max_abs(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+  return warp_max_abs(max_abs4(v));
 }
 
 // Quantize one 128-chunk of x' (fp32, natural order, at xc) to q = round(x' * inv) and write its 8 slabs of packed B
@@ -959,7 +1052,7 @@ __device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2
 #else
     xprime_values(xv[h], sv[h], v[h], lane);
 #endif
-    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[h][0]), fabsf(v[h][1])), fmaxf(fabsf(v[h][2]), fabsf(v[h][3]))));
+    mx = fmax_nan(mx, max_abs4(v[h]));
   }
   return warp_max_abs(mx);
 }
@@ -1250,16 +1343,20 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
       float pa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       xsuh_mma(pa, h16, xv[2 * i][h], sv[h]);
       xsuh_mma(pb, h16, xv[2 * i + 1][h], sv[h]);
+      // One mma per row, its two halves (elements 2c, 2c+1 and 2c+8, 2c+9 of the lane's 16) in the two diagonal
+      // blocks of A, so a row's values meet only its own zeros: 0 * inf is NaN, and an inf or NaN in one row of a
+      // pair turned the other row NaN when the two rows shared an mma.
       float z0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, z1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_16816(z0, a2, h2_as_u32(__floats2half2_rn(pa[0], pa[1])), h2_as_u32(__floats2half2_rn(pb[0], pb[1])));
-      mma_16816(z1, a2, h2_as_u32(__floats2half2_rn(pa[2], pa[3])), h2_as_u32(__floats2half2_rn(pb[2], pb[3])));
+      mma_16816(z0, a2, h2_as_u32(__floats2half2_rn(pa[0], pa[1])), h2_as_u32(__floats2half2_rn(pa[2], pa[3])));
+      mma_16816(z1, a2, h2_as_u32(__floats2half2_rn(pb[0], pb[1])), h2_as_u32(__floats2half2_rn(pb[2], pb[3])));
       const int row = 8 * (cfirst + h) + sl;  // this lane's k-tile row (slab) of chunk h
       const bool mine = cfirst + h <= clast && row >= r0 && row < r0 + n;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {  // row 2i + j: x' / sqrt2 at 16 sl + 2c, +1 (z0) and +8, +9 (z1)
-        const __half2 lo = __floats2half2_rn(z0[2 * j], z0[2 * j + 1]);
-        const __half2 hi = __floats2half2_rn(z1[2 * j], z1[2 * j + 1]);
-        if (mine) xq[(row - r0) * 32 + 4 * (2 * i + j) + c] = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
+      // row 2i (z0) and 2i + 1 (z1): x' / sqrt2 at 16 sl + 2c, +1 (z[0], z[1]) and +8, +9 (z[2], z[3])
+      if (mine) {
+        xq[(row - r0) * 32 + 4 * (2 * i) + c] =
+            make_uint2(h2_as_u32(__floats2half2_rn(z0[0], z0[1])), h2_as_u32(__floats2half2_rn(z0[2], z0[3])));
+        xq[(row - r0) * 32 + 4 * (2 * i + 1) + c] =
+            make_uint2(h2_as_u32(__floats2half2_rn(z1[0], z1[1])), h2_as_u32(__floats2half2_rn(z1[2], z1[3])));
       }
     }
   }
@@ -1287,8 +1384,8 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
                                            int slot, int contributors) {
   using R = Rate<K2>;
   constexpr int G = kRowCap > 4 ? 2 : 1;  // column groups of 4 rows
-  constexpr bool kTicket = ticket_rows(kRowCap);  // split-K hand-over by ticket (see take_ticket)
-  constexpr bool kHalf = half_rows(kRowCap);      // 5-8 rows: fp16 x', one fp16 mma per tile (half_slabs)
+  constexpr HandOver kMode = hand_over(kRowCap);  // split-K hand-over (see the three above finish_block)
+  constexpr bool kHalf = half_rows(kRowCap);       // 5-8 rows: fp16 x', one fp16 mma per tile (half_slabs)
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -1400,7 +1497,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   }
   // The next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves idle): 0.25-0.45
   // us per call with one row; with the x' kernel following (xprep path) it did not pay (kernels/PERF.md run 32).
-  const int ticket = kTicket ? take_ticket(p, col_chunk, contributors) : 0;
+  const int ticket = kMode == kTicketHandOver ? take_ticket(p, col_chunk, contributors) : 0;
   if (!prepped) trigger_dependents();
   cp_async_wait<0>();
   __syncthreads();
@@ -1446,9 +1543,9 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       }
     }
   }
-  uint32_t* part = (kTicket ? p.slots : reinterpret_cast<uint32_t*>(p.partials)) + col_chunk * 128;
-  finish_block<NW, kTicket>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors, ticket,
-                            part, static_cast<size_t>(m) * p.out_features, p.out_features, svh_pre);
+  uint32_t* part = (kMode == kTicketHandOver ? p.slots : reinterpret_cast<uint32_t*>(p.partials)) + col_chunk * 128;
+  finish_block<NW, kMode>(p, red, reinterpret_cast<float*>(smem + L.zsum), ra, col_chunk, slot, contributors, ticket,
+                          part, static_cast<size_t>(m) * p.out_features, p.out_features, svh_pre);
 }
 
 // One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel. (A stream-K grid,
@@ -1696,6 +1793,11 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   return EXL3_OK;
 }
 
+// Whether a call's split column chunks go through the fixed-point hand-over (at most kMaxFixedSplit slices).
+bool uses_fixed(const Exl3GemvParams* p, const KernelInfo& k) {
+  return k.groups > 0 && hand_over(p->m) == kFixedHandOver;
+}
+
 // Split-K choice (lo: the smallest split allowed): enough blocks that every multiprocessor gets two of them (one
 // block of 8 warps cannot hide the decode latency alone), balanced against the per-block fixed cost (x' prologue,
 // pipeline fill, reduction). Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2)
@@ -1717,7 +1819,8 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chose
   const bool one_per_sm = k.warps >= 16;
   int best = lo;
   double best_cost = 1e30;
-  for (int ks = lo; ks <= n_chunks_k; ++ks) {
+  const int hi = uses_fixed(p, k) && n_chunks_k > kMaxFixedSplit ? kMaxFixedSplit : n_chunks_k;
+  for (int ks = lo; ks <= hi; ++ks) {
     const int per_block = (n_chunks_k + ks - 1) / ks;
     if (ks > lo && per_block == (n_chunks_k + ks - 2) / (ks - 1)) continue;  // same work per block, more blocks
     const long long blocks = static_cast<long long>(n_chunks_n) * ks;
@@ -1738,7 +1841,7 @@ struct Schedule {
   int ksplit;      // input-dimension split: the grid is (O / 128) x ksplit
   int max_chunks;  // most input chunks one block holds
   size_t partial_floats, xprep_halfs;
-  size_t workspace_ints;  // the zeroed int32 workspace (p->counters): counters, then the ticket slots
+  size_t workspace_ints;  // the zeroed int32 workspace (p->counters): counters, then the ticket or fixed-point slots
 };
 
 int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
@@ -1755,9 +1858,12 @@ int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   out->ksplit = ks;
   out->max_chunks = (n_k + ks - 1) / ks;
   const size_t split_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
-  const bool ticket = k.groups > 0 && ticket_rows(p->m);
-  out->partial_floats = ticket ? 0 : split_floats;
-  out->workspace_ints = slots_offset(p->out_features) + (ticket ? split_floats : 0);
+  const bool fixed = uses_fixed(p, k), ticket = k.groups > 0 && hand_over(p->m) == kTicketHandOver;
+  if (fixed && ks > kMaxFixedSplit) return EXL3_ERR_KSPLIT;
+  out->partial_floats = fixed || ticket ? 0 : split_floats;
+  // ticket slots: one per (slice, row, column); fixed-point slots: one 64-bit word per (row, column)
+  const size_t fixed_ints = fixed && ks > 1 ? 2 * static_cast<size_t>(p->m) * p->out_features : 0;
+  out->workspace_ints = slots_offset(p->out_features) + (ticket ? split_floats : fixed_ints);
   // x' scratch: fp16 fragments (fp16 kernel), or packed 16-bit x' with its scales (integer kernel)
   const size_t mi = static_cast<size_t>(p->m) * p->in_features;
   out->xprep_halfs =
@@ -1876,7 +1982,7 @@ extern "C" const char* exl3_gemv_error_string(int status) {
     case EXL3_ERR_CODEBOOK: return "EXL3 GEMV: codebook must be 0 (3inst), 1 (mcg) or 2 (mul1); half-integer rates need mul1";
     case EXL3_ERR_KSPLIT:
       return "EXL3 GEMV: ksplit out of range for this shape (a block takes at most 16 chunks of 128 inputs and must "
-             "fit the device's shared memory per block)";
+             "fit the device's shared memory per block; the integer kernel takes at most 255 slices)";
     case EXL3_ERR_ALIGN: return "EXL3 GEMV: every tensor must be 16-byte aligned and the scratch buffers present";
     case EXL3_ERR_CUDA: return exl3::g_error;
     default: return "EXL3 GEMV: unknown status";

@@ -47,8 +47,8 @@ typedef struct Exl3GemvParams {
 // device), *partial_floats (fp32 scratch elements the caller must provide in p->partials), *xprep_halfs (fp16
 // scratch for the input transform done once per call, used from SPARKCTL_EXL3_XPREP_MIN_ROWS rows on, default 2;
 // 0 = the transform is fused into every block) and *workspace_ints (the int32 elements of the zeroed workspace
-// p->counters: a split-K counter per column chunk, then the slots of the ticket hand-over when the call uses it; a
-// workspace sized for a bigger call serves a smaller one).
+// p->counters: a split-K counter per column chunk, then the slots of the ticket or fixed-point hand-over when the
+// call uses one; a workspace sized for a bigger call serves a smaller one).
 int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
                    size_t* workspace_ints);
 

@@ -43,14 +43,15 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _error: str | None = None
 # Per (device, stream): the GEMV's int32 workspace: the counters that find the last block of each split column
-# chunk, then the slots of the ticket hand-over. The kernel leaves it all zero, so one zeroed buffer serves every
-# later call on that stream, CUDA graphs included; it only has to grow (a fresh zeroed buffer) for a bigger call.
+# chunk, then the slots of the ticket or fixed-point hand-over. The kernel leaves it all zero, so one zeroed buffer
+# serves every later call on that stream, CUDA graphs included; it only has to grow (a fresh zeroed buffer) for a
+# bigger call.
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _WORKSPACE_MIN = 4096
 # Workspace size per (device, layer shape, rows, codebook, ksplit, planner settings): asked of the kernel's planner
 # once. The settings are environment variables the planner reads on every call (exl3_gemv.cu, above mul1_int_path),
 # so a process that changes one between calls (the bench's checks do) gets a new plan, and the size must follow it:
-# the integer kernel's ticket slots make its workspace larger than the fp16 kernel's for the same layer.
+# the integer kernel's slots make its workspace larger than the fp16 kernel's for the same layer.
 _workspace_need: dict[tuple[int | str | None, ...], int] = {}
 _PLAN_SETTINGS = (
     "SPARKCTL_EXL3_MUL1_PATH",

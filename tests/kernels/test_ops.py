@@ -237,13 +237,13 @@ def test_cuda_graph_capture() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("codebook", ["mul1", "3inst"])  # the integer kernel and the fp16 kernel
-@pytest.mark.parametrize("rows", [1, 3, 5])  # the ticket hand-over (1-4 rows) and the fenced one
+@pytest.mark.parametrize("rows", [1, 3, 5])
 def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
     """Splits of every size on one stream's workspace: each call exact and repeatable, the workspace left zero.
 
-    The ticket hand-over reads its slots until they are non-zero (kernels/csrc/exl3_gemv.cu, take_ticket), so a
-    slot a call failed to clear, or a stale one read as this call's, shows up as a changed result or a non-zero
-    workspace here; the calls of the other hand-over in between must leave the counters zero for it.
+    mul1 hands the slices over through fixed-point slots that must be zero before each call (kernels/csrc/
+    exl3_gemv.cu, fixed_share): a slot a call failed to clear shows up as a changed result or a non-zero workspace
+    here. 3INST takes the fenced hand-over, whose counters must be left zero too.
     """
     from sparkctl_exl3 import cuda
 
@@ -265,11 +265,63 @@ def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("ksplit", [1, 4])
+@pytest.mark.parametrize("rows", [1, 3, 8])  # the integer kernel's hand-overs: fixed-point, ticket, fenced
+def test_cuda_non_finite_and_overflow(rows: int, ksplit: int) -> None:
+    """Outputs that the reference gives as inf or NaN are not finite here either, split or not; other rows are exact.
+
+    The integer kernel quantises x' with a scale per warp: a NaN x' must make that scale NaN, not turn into a
+    garbage q (exl3_gemv.cu, fmax_nan). A split slice that is not finite (or 2^17 or more) cannot join the
+    fixed-point sum of its column, so it makes the column NaN there (fixed_share); sums past fp16's range are inf.
+    """
+    from sparkctl_exl3 import cuda
+
+    trellis, suh, svh = _random_layer(64, 32, 2, seed=51)  # 1024 x 512
+    layer = (trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    gen = torch.Generator().manual_seed(53)
+    x = torch.randn(rows, 1024, generator=gen).half()
+    x[0, 300] = float("inf")
+    expected = ref.matmul(x, trellis, suh, svh, "mul1").float()
+    y = cuda.gemv(x.cuda(), *layer, ksplit=ksplit).cpu().float()
+    assert bool(expected[0].isnan().all())
+    finite = int(y[0].isfinite().sum())
+    assert finite == 0, f"{finite} of 512 columns finite"
+    if rows > 1:
+        assert _rel(y[1:], expected[1:]) < 1e-3
+    # big finite outputs: some columns past 65504 (10 of 512 with one row)
+    suh, svh = (suh.float() * 50).half(), (svh.float() * 400).half()
+    layer = (trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    x = (torch.randn(rows, 1024, generator=gen) * 100).half()
+    expected = ref.matmul(x, trellis, suh, svh, "mul1").float()
+    y = cuda.gemv(x.cuda(), *layer, ksplit=ksplit).cpu().float()
+    assert bool(expected.isinf().any()) and bool(expected.isfinite().any())
+    finite = int(y[expected.isinf()].isfinite().sum())
+    assert finite == 0, f"{finite} of {int(expected.isinf().sum())} columns past fp16's range finite"
+    small = expected.abs() < 60000
+    assert _rel(y[small], expected[small]) < 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_most_slices() -> None:
+    """The integer kernel counts up to 255 slices per column (exl3_gemv.cu, fixed_share); 256 is refused."""
+    from sparkctl_exl3 import cuda
+
+    trellis, suh, svh = _random_layer(2048, 8, 2, seed=52)  # 32768 x 128: 256 input chunks
+    x = torch.randn(2, 32768).half()
+    layer = (trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    y = cuda.gemv(x.cuda(), *layer, ksplit=255)
+    assert _rel(y.cpu().float(), ref.matmul(x, trellis, suh, svh, "mul1")) < 1e-3
+    assert torch.equal(cuda.gemv(x.cuda(), *layer, ksplit=255), y)
+    with pytest.raises(RuntimeError, match="at most 255 slices"):
+        cuda.gemv(x.cuda(), *layer, ksplit=256)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_workspace_follows_plan_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A workspace size asked under one planner setting does not serve a call planned under another.
 
     SPARKCTL_EXL3_MUL1_PATH=fp16 plans one split row of mul1 on the fp16 kernel (fenced hand-over: counters only);
-    without it the integer kernel's ticket hand-over needs its slots too. The size cached for the first call must
+    without it the integer kernel's fixed-point hand-over needs its slots too. The size cached for the first call must
     not be reused for the second (on a stream whose workspace is still the small one, the call would be refused).
     """
     from sparkctl_exl3 import cuda
@@ -288,7 +340,7 @@ def test_cuda_workspace_follows_plan_settings(monkeypatch: pytest.MonkeyPatch) -
         y8 = cuda.gemv(*args, ksplit=4)
         large = cuda._workspaces[(torch.cuda.current_device(), stream.cuda_stream)].numel()
     stream.synchronize()
-    assert large >= 4 * 8192 > small  # the ticket slots of 4 splits x 1 row x 8192 columns
+    assert large >= 2 * 8192 > small  # a 64-bit slot per column of the one row
     assert _rel(y16.cpu().float(), expected) < 1e-3
     assert _rel(y8.cpu().float(), expected) < 1e-3
 
