@@ -1302,9 +1302,10 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 //   eight rows is what the block's first microseconds move) and stage 1's A fragment takes H16's columns in that
 //   order (column k of A is H16's column 4c + (k & 1) + 2 ((k >> 3) & 1) for the k = 2c, 2c+1, 2c+8, 2c+9 a lane
 //   holds), which leaves P, and everything after it, as xprime_mma has them.
-// * Stage 2 transforms two rows in one mma, P rounded once to fp16 (x' is rounded to fp16 anyway): A = diag(H8,
-//   H8), row 2i's P along k 0..7 and row 2i+1's along k 8..15; rows 0..7 of C are row 2i's x', rows 8..15 row
-//   2i+1's. Three mmas per row and chunk become two.
+// * Stage 2 transforms a row's two halves in one mma, P rounded once to fp16 (x' is rounded to fp16 anyway): A =
+//   diag(H8, H8), the P of the lane's elements 2c, 2c+1 along k 0..7 and of 2c+8, 2c+9 along k 8..15; rows 0..7 of
+//   C are x' at 16 sl + 2c, +1 and rows 8..15 at +8, +9. Three mmas per row and chunk become two. (Two rows per
+//   mma, one per diagonal block, took the same count, but 0 * inf made a row with an inf turn its partner NaN.)
 // * What is stored is x' / sqrt2 (the transform's own scale: the end of the block multiplies the sums by sqrt2), and
 //   the rows' loop has no branch per row (the store predicated) so their chains interleave:
 //   14336x4096 8 rows -0.6 us (run 62).
@@ -1793,9 +1794,9 @@ int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
   return EXL3_OK;
 }
 
-// Whether a call's split column chunks go through the fixed-point hand-over (at most kMaxFixedSplit slices).
-bool uses_fixed(const Exl3GemvParams* p, const KernelInfo& k) {
-  return k.groups > 0 && hand_over(p->m) == kFixedHandOver;
+// How a call's split column chunks are handed over: by row class in the integer kernel, fenced in the fp16 kernel.
+HandOver call_hand_over(const Exl3GemvParams* p, const KernelInfo& k) {
+  return k.groups > 0 ? hand_over(p->m) : kFencedHandOver;
 }
 
 // Split-K choice (lo: the smallest split allowed): enough blocks that every multiprocessor gets two of them (one
@@ -1819,7 +1820,8 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chose
   const bool one_per_sm = k.warps >= 16;
   int best = lo;
   double best_cost = 1e30;
-  const int hi = uses_fixed(p, k) && n_chunks_k > kMaxFixedSplit ? kMaxFixedSplit : n_chunks_k;
+  const bool fixed = call_hand_over(p, k) == kFixedHandOver;  // at most kMaxFixedSplit slices
+  const int hi = fixed && n_chunks_k > kMaxFixedSplit ? kMaxFixedSplit : n_chunks_k;
   for (int ks = lo; ks <= hi; ++ks) {
     const int per_block = (n_chunks_k + ks - 1) / ks;
     if (ks > lo && per_block == (n_chunks_k + ks - 2) / (ks - 1)) continue;  // same work per block, more blocks
@@ -1858,7 +1860,8 @@ int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
   out->ksplit = ks;
   out->max_chunks = (n_k + ks - 1) / ks;
   const size_t split_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
-  const bool fixed = uses_fixed(p, k), ticket = k.groups > 0 && hand_over(p->m) == kTicketHandOver;
+  const HandOver h = call_hand_over(p, k);
+  const bool fixed = h == kFixedHandOver, ticket = h == kTicketHandOver;
   if (fixed && ks > kMaxFixedSplit) return EXL3_ERR_KSPLIT;
   out->partial_floats = fixed || ticket ? 0 : split_floats;
   // ticket slots: one per (slice, row, column); fixed-point slots: one 64-bit word per (row, column)
@@ -1982,7 +1985,7 @@ extern "C" const char* exl3_gemv_error_string(int status) {
     case EXL3_ERR_CODEBOOK: return "EXL3 GEMV: codebook must be 0 (3inst), 1 (mcg) or 2 (mul1); half-integer rates need mul1";
     case EXL3_ERR_KSPLIT:
       return "EXL3 GEMV: ksplit out of range for this shape (a block takes at most 16 chunks of 128 inputs and must "
-             "fit the device's shared memory per block; the integer kernel takes at most 255 slices)";
+             "fit the device's shared memory per block; 1-2 rows of mul1 take at most 255 slices)";
     case EXL3_ERR_ALIGN: return "EXL3 GEMV: every tensor must be 16-byte aligned and the scratch buffers present";
     case EXL3_ERR_CUDA: return exl3::g_error;
     default: return "EXL3 GEMV: unknown status";

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from procs import gone
 
 from sparkctl.server.client import stream_chat
 
@@ -154,7 +155,7 @@ def test_down_leaves_nothing_behind(tiny_server):
     assert len(group) >= 2  # the API server and vLLM's engine core
     res = tiny_server.sparkctl("down", "tiny")
     assert res.returncode == 0 and "stopped tiny" in res.stdout
-    assert not [p for p in group if _alive(p)]
+    assert all(gone(p) for p in group)
     assert list((tiny_server.state_dir / "servers").iterdir()) == []
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{tiny_server.up['base_url']}/health", timeout=2)
@@ -169,10 +170,3 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

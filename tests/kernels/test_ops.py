@@ -237,13 +237,14 @@ def test_cuda_graph_capture() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("codebook", ["mul1", "3inst"])  # the integer kernel and the fp16 kernel
-@pytest.mark.parametrize("rows", [1, 3, 5])
+@pytest.mark.parametrize("rows", [1, 3, 5])  # mul1: fixed-point, ticket and fenced hand-overs
 def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
     """Splits of every size on one stream's workspace: each call exact and repeatable, the workspace left zero.
 
-    mul1 hands the slices over through fixed-point slots that must be zero before each call (kernels/csrc/
-    exl3_gemv.cu, fixed_share): a slot a call failed to clear shows up as a changed result or a non-zero workspace
-    here. 3INST takes the fenced hand-over, whose counters must be left zero too.
+    mul1's fixed-point (1-2 rows) and ticket (3-4 rows) hand-overs keep slots in the workspace that must be zero
+    before each call (kernels/csrc/exl3_gemv.cu, fixed_share and take_ticket): a slot a call failed to clear, or a
+    stale one read as this call's, shows up as a changed result or a non-zero workspace here. 5 rows and 3INST take
+    the fenced hand-over, whose counters must be left zero too.
     """
     from sparkctl_exl3 import cuda
 
