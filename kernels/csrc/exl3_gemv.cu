@@ -1410,7 +1410,8 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   // 0 for a warp without slabs (a split into very short slices), which then adds nothing.
   float d_lane[G];
   int qs_lane[G];
-  float sx[2] = {0.0f, 0.0f};  // 5-8 rows: the warp's sums of x' of rows 2c, 2c + 1 (half_slabs)
+  // 5-8 rows: C fragment of the ones-mma, the warp's sums of x' of rows 2c, 2c + 1 in [0], [1] (half_slabs)
+  float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int cg = 0; cg < G; ++cg) {
     d_lane[cg] = 0.0f;
@@ -1487,10 +1488,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   for (int t = 0; t < 8; ++t) hacc[t][0] = hacc[t][1] = hacc[t][2] = hacc[t][3] = 0.0f;
 
   if constexpr (kHalf) {
-    float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     half_slabs<K2>(ring, lw, reinterpret_cast<const uint2*>(smem + L.xq) + s0 * 32 + lane, hacc, sacc, n);
-    sx[0] = sacc[0];
-    sx[1] = sacc[1];
   } else if (kRowCap == 1 && !prepped) {  // the one-row B layout (warp_prologue)
     i8_slabs<K2, G, kRowCap == 1>(ring, lw, xq_run + 4 * (((lane >> 2) & 1) * 4 + (lane & 3)), acc, n);
   } else {
@@ -1515,7 +1513,7 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       if (row < m) {
         // the prologue stored x' / sqrt2 (kHadScale * 16 = sqrt2)
         constexpr float kA = kMul1Inv * kHadScale * 16.0f;
-        const float sb = kMul1Bias * kHadScale * 16.0f * sx[j];
+        const float sb = kMul1Bias * kHadScale * 16.0f * sacc[j];
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int n = 16 * t + g;
