@@ -6,13 +6,46 @@
 // full check against the reference stays in run.py, on the variant that is kept.
 //     nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/csrc [-DVARIANT...] -o /tmp/ab kernels/bench/ab_time.cu
 //     /tmp/ab OUT_PREFIX I O k2 codebook rows [I O k2 codebook rows ...]
-// For each case prints "I O k2 cb rows ksplit us" (median of 15 replays of a graph of 48 calls over 16 rotated
-// weight sets, so the trellis comes from HBM as in a decode step) and writes the case's fp16 output (fixed
-// inputs, weight set 0) to OUT_PREFIX.<case index>.bin.
+// For each case prints "I O k2 cb rows ksplit us MHz" (median of 15 replays of a graph of 48 calls over 16 rotated
+// weight sets, so the trellis comes from HBM as in a decode step; then the SM clock read by clock_probe right
+// after them) and writes the case's fp16 output (fixed inputs, weight set 0) to OUT_PREFIX.<case index>.bin.
+// EXL3_AB_WARM_MS=N replays the graph for N ms before the timed replays, for a card that ramps its SM clock slowly
+// (on the H200 it changed nothing: 1980 MHz from the first replay, kernels/PERF.md run 85).
 #include "../csrc/exl3_gemv.cu"
 #include "gemv_case.cuh"
 
 #include <algorithm>
+#include <chrono>
+
+// The SM clock now, in MHz: clock64 cycles over %globaltimer nanoseconds, per block over ~200 us of spinning (long
+// against the timer's coarse ticks), median over one block per SM. The clock changes over milliseconds, so this
+// reads what the replays just before it ran at.
+__global__ void clock_probe(double* mhz) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long c0 = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  } while (t1 - t0 < 200000ull);
+  const long long c1 = clock64();
+  mhz[blockIdx.x] = 1000.0 * static_cast<double>(c1 - c0) / static_cast<double>(t1 - t0);
+}
+
+static double sm_clock_mhz(cudaStream_t s) {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  double* d;
+  CK(cudaMalloc(&d, sizeof(double) * sms));
+  clock_probe<<<sms, 32, 0, s>>>(d);
+  CK(cudaGetLastError());
+  std::vector<double> h(sms);
+  CK(cudaMemcpyAsync(h.data(), d, sizeof(double) * sms, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaFree(d));
+  std::sort(h.begin(), h.end());
+  return h[h.size() / 2];
+}
 
 static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, int cb, int rows) {
   GemvCase c(in_f, out_f, k2, cb, rows);
@@ -46,6 +79,13 @@ static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, in
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   CK(cudaGraphLaunch(ge, s));
+  if (const char* w = getenv("EXL3_AB_WARM_MS")) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(atoi(w));
+    while (std::chrono::steady_clock::now() < until) {
+      for (int i = 0; i < 8; ++i) CK(cudaGraphLaunch(ge, s));
+      CK(cudaStreamSynchronize(s));
+    }
+  }
   std::vector<double> t;
   for (int r = 0; r < 15; ++r) {
     CK(cudaEventRecord(e0, s));
@@ -57,7 +97,8 @@ static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, in
     t.push_back(1000.0 * ms / calls);
   }
   std::sort(t.begin(), t.end());
-  printf("%d %d %d %d %d %d %.2f\n", in_f, out_f, k2, cb, rows, c.ksplit, t[t.size() / 2]);
+  const double mhz = sm_clock_mhz(s);
+  printf("%d %d %d %d %d %d %.2f %.0f\n", in_f, out_f, k2, cb, rows, c.ksplit, t[t.size() / 2], mhz);
   fflush(stdout);
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
