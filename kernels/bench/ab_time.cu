@@ -6,9 +6,10 @@
 // full check against the reference stays in run.py, on the variant that is kept.
 //     nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/csrc [-DVARIANT...] -o /tmp/ab kernels/bench/ab_time.cu
 //     /tmp/ab OUT_PREFIX I O k2 codebook rows [I O k2 codebook rows ...]
-// For each case prints "I O k2 cb rows ksplit us MHz" (median of 15 replays of a graph of 48 calls over 16 rotated
-// weight sets, so the trellis comes from HBM as in a decode step; then the SM clock read by clock_probe right
-// after them) and writes the case's fp16 output (fixed inputs, weight set 0) to OUT_PREFIX.<case index>.bin.
+// For each case prints "I O k2 cb rows ksplit us MHz max_us": us is the median of 15 replays of a graph of 48 calls
+// over 16 rotated weight sets (so the trellis comes from HBM as in a decode step), max_us the slowest replay, MHz the
+// SM clock read by clock_probe right after them (or during them with EXL3_AB_PROBE_DURING=1); writes the case's
+// fp16 output (fixed inputs, weight set 0) to OUT_PREFIX.<case index>.bin.
 // EXL3_AB_WARM_MS=N replays the graph for N ms before the timed replays, for a card that ramps its SM clock slowly
 // (on the H200 it changed nothing: 1980 MHz from the first replay, kernels/PERF.md run 85).
 #include "../csrc/exl3_gemv.cu"
@@ -17,35 +18,45 @@
 #include <algorithm>
 #include <chrono>
 
-// The SM clock now, in MHz: clock64 cycles over %globaltimer nanoseconds, per block over ~200 us of spinning (long
-// against the timer's coarse ticks), median over one block per SM. The clock changes over milliseconds, so this
-// reads what the replays just before it ran at.
-__global__ void clock_probe(double* mhz) {
+// The SM clock in MHz: clock64 cycles over %globaltimer nanoseconds, per block over `ns` of waiting (long against
+// the timer's coarse ticks), median over one block per SM. After the replays (the default) it reads the clock the
+// card holds under light load; launched on a second stream just before the timed replays (EXL3_AB_PROBE_DURING=1)
+// its blocks sit beside the GEMV's (one warp each, asleep between reads) and read the clock the SMs run at under the
+// GEMV's load (kernels/PERF.md run 86).
+__global__ void clock_probe(double* mhz, unsigned long long ns) {
   if (threadIdx.x != 0) return;
   unsigned long long t0, t1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   const long long c0 = clock64();
   do {
+    __nanosleep(500);
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-  } while (t1 - t0 < 200000ull);
+  } while (t1 - t0 < ns);
   const long long c1 = clock64();
   mhz[blockIdx.x] = 1000.0 * static_cast<double>(c1 - c0) / static_cast<double>(t1 - t0);
 }
 
-static double sm_clock_mhz(cudaStream_t s) {
+struct ClockProbe {
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  double* d;
-  CK(cudaMalloc(&d, sizeof(double) * sms));
-  clock_probe<<<sms, 32, 0, s>>>(d);
-  CK(cudaGetLastError());
-  std::vector<double> h(sms);
-  CK(cudaMemcpyAsync(h.data(), d, sizeof(double) * sms, cudaMemcpyDeviceToHost, s));
-  CK(cudaStreamSynchronize(s));
-  CK(cudaFree(d));
-  std::sort(h.begin(), h.end());
-  return h[h.size() / 2];
-}
+  double* d = nullptr;
+  void launch(cudaStream_t s, unsigned long long ns) {
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaMalloc(&d, sizeof(double) * sms));
+    // the largest shared-memory carveout, so the probe does not set an SM to a split the GEMV's blocks cannot use
+    CK(cudaFuncSetAttribute(clock_probe, cudaFuncAttributePreferredSharedMemoryCarveout,
+                            cudaSharedmemCarveoutMaxShared));
+    clock_probe<<<sms, 32, 0, s>>>(d, ns);
+    CK(cudaGetLastError());
+  }
+  double read(cudaStream_t s) {
+    std::vector<double> h(sms);
+    CK(cudaMemcpyAsync(h.data(), d, sizeof(double) * sms, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaFree(d));
+    std::sort(h.begin(), h.end());
+    return h[h.size() / 2];
+  }
+};
 
 static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, int cb, int rows) {
   GemvCase c(in_f, out_f, k2, cb, rows);
@@ -86,10 +97,16 @@ static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, in
       CK(cudaStreamSynchronize(s));
     }
   }
+  const bool during = getenv("EXL3_AB_PROBE_DURING") != nullptr && atoi(getenv("EXL3_AB_PROBE_DURING")) != 0;
+  ClockProbe probe;
+  cudaStream_t s2;
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
   std::vector<double> t;
   for (int r = 0; r < 15; ++r) {
     CK(cudaEventRecord(e0, s));
     CK(cudaGraphLaunch(ge, s));
+    // after the first replay is queued, so the GEMV's blocks hold the SMs first; 4 ms of the ~10 ms of replays
+    if (during && r == 0) probe.launch(s2, 4000000ull);
     CK(cudaEventRecord(e1, s));
     CK(cudaEventSynchronize(e1));
     float ms = 0;
@@ -97,8 +114,10 @@ static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, in
     t.push_back(1000.0 * ms / calls);
   }
   std::sort(t.begin(), t.end());
-  const double mhz = sm_clock_mhz(s);
-  printf("%d %d %d %d %d %d %.2f %.0f\n", in_f, out_f, k2, cb, rows, c.ksplit, t[t.size() / 2], mhz);
+  if (!during) probe.launch(s2, 200000ull);
+  const double mhz = probe.read(s2);
+  CK(cudaStreamDestroy(s2));
+  printf("%d %d %d %d %d %d %.2f %.0f %.2f\n", in_f, out_f, k2, cb, rows, c.ksplit, t[t.size() / 2], mhz, t.back());
   fflush(stdout);
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));

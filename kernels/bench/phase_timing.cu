@@ -5,10 +5,15 @@
 // say how warps stall, not when blocks start and end. No torch: this drives the C ABI of exl3_gemv.cu directly.
 //     nvcc -O3 -std=c++17 -arch=sm_90 -DEXL3_TIMING -Ikernels/csrc -o /tmp/phase kernels/bench/phase_timing.cu
 //     /tmp/phase 4096 14336 4 2 1 [ksplit]      # I O k2 codebook rows [ksplit]
+// -DEXL3_TIMING_GT also stamps every phase with %globaltimer (wall-clock ns) at the same instants as clock64 and
+// prints each phase in ns and its SM cycles per ns (the clock the SM ran that phase at), and PHASE_CHAIN=1 in
+// the environment stamps the last of 8 back-to-back launches (its start overlapped by its predecessor's end, as in
+// the timed graphs) instead of a launch that runs alone after a synchronisation (kernels/PERF.md run 86).
 #include "../csrc/exl3_gemv.cu"
 #include "gemv_case.cuh"
 
 #include <algorithm>
+#include <string>
 
 static double pct(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -41,9 +46,11 @@ int main(int argc, char** argv) {
   CK(cudaEventElapsedTime(&ms, e0, e1));
   CK(cudaMemcpyToSymbol(exl3::g_exl3_timing, &stamps, sizeof(stamps)));
   std::vector<double> pro, xload, prep, main_loop, tail, start, end;
+  std::vector<double> gt_ns[4], cyc_per_ns[4];  // EXL3_TIMING_GT: phases 1-4 in ns, and cycles per ns
   std::vector<unsigned long long> h(static_cast<size_t>(exl3::kStamps) * blocks);
   for (int rep = 0; rep < 3; ++rep) {
-    c.launch(9 + rep, s);
+    const int chain = getenv("PHASE_CHAIN") != nullptr && atoi(getenv("PHASE_CHAIN")) != 0 ? 8 : 1;
+    for (int i = 0; i < chain; ++i) c.launch(9 + rep + i, s);  // the last one's stamps stay
     CK(cudaStreamSynchronize(s));
     CK(cudaMemcpy(h.data(), stamps, 8 * h.size(), cudaMemcpyDeviceToHost));
     unsigned long long g0 = ~0ull;
@@ -54,6 +61,14 @@ int main(int argc, char** argv) {
       const double ghz = 1.98;  // cycles -> us at the boost clock (the stamps' durations are in SM cycles)
       start.push_back((t[0] - g0) / 1000.0);
       end.push_back((t[7] - g0) / 1000.0);
+#ifdef EXL3_TIMING_GT
+      const unsigned long long* g = t + 8;  // the same points in globaltimer ns
+      pro.push_back((g[1] - g[0]) / 1000.0);  // block start to its first clock stamp (set-up)
+      for (int k = 1; k < 5; ++k) {
+        gt_ns[k - 1].push_back((g[k + 1] - g[k]) / 1000.0);
+        if (g[k + 1] - g[k] >= 2000) cyc_per_ns[k - 1].push_back(double(t[k + 1] - t[k]) / double(g[k + 1] - g[k]));
+      }
+#endif
       xload.push_back((t[2] - t[1]) / ghz / 1000.0);
       prep.push_back((t[3] - t[2]) / ghz / 1000.0);
       main_loop.push_back((t[4] - t[3]) / ghz / 1000.0);
@@ -76,10 +91,18 @@ int main(int argc, char** argv) {
     printf("%-18s %7.2f %7.2f %7.2f %7.2f\n", n, pct(v, 0.1), pct(v, 0.5), pct(v, 0.9), pct(v, 1.0));
   };
   row("start (globaltimer)", start);
+  if (!pro.empty()) row("set-up", pro);
   row("x-side load", xload);
   row("transform+pack", prep);
   row("main loop", main_loop);
   row("end of block", tail);
   row("end (globaltimer)", end);
+  const char* names[4] = {"x-side load", "transform+pack", "main loop", "end of block"};
+  for (int k = 0; k < 4; ++k) {
+    if (gt_ns[k].empty()) continue;
+    std::string n = std::string(names[k]) + " ns";
+    row(n.c_str(), gt_ns[k]);
+    if (!cyc_per_ns[k].empty()) row((std::string(names[k]) + " GHz").c_str(), cyc_per_ns[k]);
+  }
   return 0;
 }

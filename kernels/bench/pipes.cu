@@ -5,8 +5,14 @@
 //     nvcc -O3 -arch=sm_90 -o /tmp/pipes kernels/bench/pipes.cu && /tmp/pipes
 // Each kernel runs 8 independent dependency chains per thread of one instruction (inline PTX, so the compiler
 // can neither fold nor reorder them away); cycles come from clock64 inside each block, so clocks don't matter.
+// Each line also gives the clock the SMs ran that load at (cycles over %globaltimer ns, median over the blocks, of
+// the last of `launches` back-to-back launches): `/tmp/pipes clock` runs each load 40 times at 16 warps per SM to
+// see which units make the H200 run below the 1980 MHz nvidia-smi reports (kernels/PERF.md run 89).
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <vector>
 #include <cuda_runtime.h>
 
 constexpr int kIters = 4096;
@@ -55,7 +61,7 @@ __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32
 }
 
 template <int OP>
-__global__ void bench(uint32_t c1, uint32_t c2, uint32_t* sink, long long* cycles) {
+__global__ void bench(uint32_t c1, uint32_t c2, uint32_t* sink, long long* cycles, unsigned long long* ns) {
   uint32_t a[kChains];
   float f[kChains][4];
 #pragma unroll
@@ -64,26 +70,33 @@ __global__ void bench(uint32_t c1, uint32_t c2, uint32_t* sink, long long* cycle
     f[i][0] = f[i][1] = f[i][2] = f[i][3] = 0.f;
   }
   __syncthreads();
+  unsigned long long g0, g1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
   const long long t0 = clock64();
   for (int it = 0; it < kIters; ++it) step<OP>(a, c1, c2, f);
   __syncthreads();
   const long long t1 = clock64();
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
   uint32_t s = 0;
 #pragma unroll
   for (int i = 0; i < kChains; ++i) s += a[i] + __float_as_uint(f[i][0] + f[i][1] + f[i][2] + f[i][3]);
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+  if (threadIdx.x == 0) {
+    cycles[blockIdx.x] = t1 - t0;
+    ns[blockIdx.x] = g1 - g0;
+  }
 }
 
 template <int OP>
-void run(const char* name, int sms, int blocks_per_sm, int threads, double inst_per_step) {
+void run(const char* name, int sms, int blocks_per_sm, int threads, double inst_per_step, int launches = 2) {
   const int blocks = sms * blocks_per_sm;
   uint32_t* sink;
   long long* cyc;
+  unsigned long long* ns;
   cudaMalloc(&sink, sizeof(uint32_t) * blocks * threads);
   cudaMalloc(&cyc, sizeof(long long) * blocks);
-  bench<OP><<<blocks, threads>>>(0x83DCD12Du, 0x01010101u, sink, cyc);
-  bench<OP><<<blocks, threads>>>(0x83DCD12Du, 0x01010101u, sink, cyc);
+  cudaMalloc(&ns, sizeof(unsigned long long) * blocks);
+  for (int l = 0; l < launches; ++l) bench<OP><<<blocks, threads>>>(0x83DCD12Du, 0x01010101u, sink, cyc, ns);
   cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     printf("%s: %s\n", name, cudaGetErrorString(e));
@@ -91,22 +104,40 @@ void run(const char* name, int sms, int blocks_per_sm, int threads, double inst_
   }
   long long* h = new long long[blocks];
   cudaMemcpy(h, cyc, sizeof(long long) * blocks, cudaMemcpyDeviceToHost);
+  std::vector<unsigned long long> hn(blocks);
+  cudaMemcpy(hn.data(), ns, sizeof(unsigned long long) * blocks, cudaMemcpyDeviceToHost);
   long long mx = 0;
-  for (int i = 0; i < blocks; ++i) mx = h[i] > mx ? h[i] : mx;
+  std::vector<double> ghz;
+  for (int i = 0; i < blocks; ++i) {
+    mx = h[i] > mx ? h[i] : mx;
+    ghz.push_back(double(h[i]) / double(hn[i]));
+  }
+  std::sort(ghz.begin(), ghz.end());
   const double warp_inst = double(blocks_per_sm) * (threads / 32) * kIters * inst_per_step;
-  printf("%-34s warps/SM %3d: %.3f warp-inst/clk/SM (%.2f clk per warp-inst per SMSP)\n", name,
-         blocks_per_sm * threads / 32, warp_inst / mx, 4.0 * mx / warp_inst);
+  printf("%-34s warps/SM %3d: %.3f warp-inst/clk/SM (%.2f clk per warp-inst per SMSP), %.3f GHz over %.0f us\n",
+         name, blocks_per_sm * threads / 32, warp_inst / mx, 4.0 * mx / warp_inst, ghz[ghz.size() / 2],
+         hn[0] / 1000.0);
   delete[] h;
   cudaFree(sink);
   cudaFree(cyc);
+  cudaFree(ns);
 }
 
-int main() {
+int main(int argc, char** argv) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   printf("%s, %d SMs, sm_%d%d\n", prop.name, sms, prop.major, prop.minor);
+  if (argc > 1 && strcmp(argv[1], "clock") == 0) {
+    run<0>("IMAD (mad.lo.u32)", sms, 4, 128, kChains, 40);
+    run<2>("SHF (funnel shift)", sms, 4, 128, kChains, 40);
+    run<8>("IMAD+SHF alternating", sms, 4, 128, kChains, 40);
+    run<6>("HMMA m16n8k16 f16->f32", sms, 4, 128, kChains, 40);
+    run<7>("IMMA m16n8k32 u8.s8->s32", sms, 4, 128, kChains, 40);
+    run<9>("4 IMAD + 4 PRMT + 1 IMMA (per step)", sms, 4, 128, 9, 40);
+    return 0;
+  }
   for (int bps : {1, 2, 4}) {
     run<0>("IMAD (mad.lo.u32)", sms, bps, 256, kChains);
     run<10>("IMUL (mul.lo.u32)", sms, bps, 256, kChains);

@@ -46,26 +46,36 @@ namespace exl3 {
 
 // Phase timing (kernels/bench/phase_timing.cu builds this file with -DEXL3_TIMING): thread 0 of each block
 // writes clock64() at fixed points of the block's life, plus %globaltimer at start and end, into
-// g_exl3_timing[block * kStamps + k]. Compiled out otherwise.
+// g_exl3_timing[block * kStamps + k]. With -DEXL3_TIMING_GT it also writes %globaltimer at every point into
+// [block * kStamps + 8 + k], so each phase has its SM cycles and its wall-clock ns read at the same instants
+// (kernels/PERF.md runs 86-88). Compiled out otherwise.
 #ifdef EXL3_TIMING
+#ifdef EXL3_TIMING_GT
+constexpr int kStamps = 16;
+#else
 constexpr int kStamps = 8;
+#endif
 __device__ unsigned long long* g_exl3_timing = nullptr;
 __device__ __forceinline__ void exl3_stamp(int k) {
   if (threadIdx.x == 0 && g_exl3_timing != nullptr) {
-    unsigned long long v;
-    if (k == 0 || k == kStamps - 1) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    unsigned long long v, gt;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    if (k == 0 || k == 7) v = gt;
     else v = clock64();
     unsigned long long* t = g_exl3_timing + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
     t[k] = v;
+#ifdef EXL3_TIMING_GT
+    t[8 + k] = gt;
+#endif
     if (k == 0) {
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      t[kStamps - 2] = sm;
+      t[6] = sm;
     }
   }
 }
 #define EXL3_STAMP(k) exl3_stamp(k)
-constexpr int kStampsEnd = kStamps - 1;
+constexpr int kStampsEnd = 7;
 #else
 #define EXL3_STAMP(k)
 #endif

@@ -86,6 +86,7 @@ def test_bench_drivers_compile(tmp_path: Path) -> None:
     jobs = [
         ("ab_time.cu", []),
         ("phase_timing.cu", ["-DEXL3_TIMING"]),
+        ("phase_timing.cu", ["-DEXL3_TIMING", "-DEXL3_TIMING_GT"]),
         ("pipes.cu", []),
     ]
     procs = [
@@ -100,13 +101,13 @@ def test_bench_drivers_compile(tmp_path: Path) -> None:
                 "-c",
                 str(bench / name),
                 "-o",
-                str(tmp_path / f"{name}.o"),
+                str(tmp_path / f"{i}-{name}.o"),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for name, flags in jobs
+        for i, (name, flags) in enumerate(jobs)
     ]
     for (name, _), proc in zip(jobs, procs, strict=True):
         out, _ = proc.communicate(timeout=900)
