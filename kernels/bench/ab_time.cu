@@ -11,7 +11,7 @@
 // SM clock read by clock_probe right after them (or during them with EXL3_AB_PROBE_DURING=1); writes the case's
 // fp16 output (fixed inputs, weight set 0) to OUT_PREFIX.<case index>.bin.
 // EXL3_AB_WARM_MS=N replays the graph for N ms before the timed replays, for a card that ramps its SM clock slowly
-// (on the H200 it changed nothing: 1980 MHz from the first replay, kernels/PERF.md run 85).
+// (the H200 does not ramp: it changed nothing there, kernels/PERF.md run 85).
 #include "../csrc/exl3_gemv.cu"
 #include "gemv_case.cuh"
 
@@ -20,9 +20,9 @@
 
 // The SM clock in MHz: clock64 cycles over %globaltimer nanoseconds, per block over `ns` of waiting (long against
 // the timer's coarse ticks), median over one block per SM. After the replays (the default) it reads the clock the
-// card holds under light load; launched on a second stream just before the timed replays (EXL3_AB_PROBE_DURING=1)
-// its blocks sit beside the GEMV's (one warp each, asleep between reads) and read the clock the SMs run at under the
-// GEMV's load (kernels/PERF.md run 86).
+// card holds with its tensor cores idle (1980 MHz on the H200); launched on a second stream once the first timed
+// replay is queued (EXL3_AB_PROBE_DURING=1), its blocks sit beside the GEMV's (one warp each, asleep between reads)
+// and read the clock the SMs run at under the GEMV's load (1785-1812 MHz there, kernels/PERF.md runs 86-89).
 __global__ void clock_probe(double* mhz, unsigned long long ns) {
   if (threadIdx.x != 0) return;
   unsigned long long t0, t1;
