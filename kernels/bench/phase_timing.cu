@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
       const unsigned long long* t = &h[static_cast<size_t>(b) * exl3::kStamps];
       const double ghz = 1.98;  // cycles -> us at the boost clock (the stamps' durations are in SM cycles)
       start.push_back((t[0] - g0) / 1000.0);
-      end.push_back((t[7] - g0) / 1000.0);
+      end.push_back((t[exl3::kStampsEnd] - g0) / 1000.0);
 #ifdef EXL3_TIMING_GT
       const unsigned long long* g = t + 8;  // the same points in globaltimer ns
       pro.push_back((g[1] - g[0]) / 1000.0);  // block start to its first clock stamp (set-up)

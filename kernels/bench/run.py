@@ -354,8 +354,8 @@ def _graph_time_us(
     """Median time of one call, from CUDA-graph replays of `calls` calls cycling over `n_sets` input sets.
 
     `warm_ms` of replays come first (dense and EXL3 alike), for a card that ramps its SM clock slowly: a serving GPU
-    is under sustained load. On the H200 the clock is at 1980 MHz from the first replay and the warm-up changes
-    nothing (kernels/PERF.md run 85), hence the default of 0.
+    is under sustained load. The H200 does not ramp and the warm-up changes nothing there (kernels/PERF.md run 85),
+    hence the default of 0.
     """
     fns = [make_call(i % n_sets) for i in range(calls)]
     s = torch.cuda.Stream()

@@ -50,23 +50,22 @@ namespace exl3 {
 // [block * kStamps + 8 + k], so each phase has its SM cycles and its wall-clock ns read at the same instants
 // (kernels/PERF.md runs 86-88). Compiled out otherwise.
 #ifdef EXL3_TIMING
+constexpr int kStampsEnd = 7;  // stamps 0 and kStampsEnd are globaltimer ns, 1..5 clock64; slot 6 holds the SM id
 #ifdef EXL3_TIMING_GT
-constexpr int kStamps = 16;
+constexpr bool kStampsGt = true;  // slots 8 + k: globaltimer at every stamp
 #else
-constexpr int kStamps = 8;
+constexpr bool kStampsGt = false;
 #endif
+constexpr int kStamps = kStampsGt ? 16 : 8;
 __device__ unsigned long long* g_exl3_timing = nullptr;
 __device__ __forceinline__ void exl3_stamp(int k) {
   if (threadIdx.x == 0 && g_exl3_timing != nullptr) {
-    unsigned long long v, gt;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
-    if (k == 0 || k == 7) v = gt;
-    else v = clock64();
     unsigned long long* t = g_exl3_timing + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
-    t[k] = v;
-#ifdef EXL3_TIMING_GT
-    t[8 + k] = gt;
-#endif
+    const bool wall = k == 0 || k == kStampsEnd;
+    unsigned long long gt = 0;
+    if (wall || kStampsGt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    t[k] = wall ? gt : clock64();
+    if (kStampsGt) t[8 + k] = gt;
     if (k == 0) {
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -75,7 +74,6 @@ __device__ __forceinline__ void exl3_stamp(int k) {
   }
 }
 #define EXL3_STAMP(k) exl3_stamp(k)
-constexpr int kStampsEnd = 7;
 #else
 #define EXL3_STAMP(k)
 #endif
