@@ -7,7 +7,8 @@
 // can neither fold nor reorder them away); cycles come from clock64 inside each block, so clocks don't matter.
 // Each line also gives the clock the SMs ran that load at (cycles over %globaltimer ns, median over the blocks, of
 // the last of `launches` back-to-back launches): `/tmp/pipes clock` runs each load 40 times at 16 warps per SM to
-// see which units make the H200 run below the 1980 MHz nvidia-smi reports (kernels/PERF.md run 89).
+// see which units make the H200 run below the 1980 MHz nvidia-smi reports (kernels/PERF.md run 89). `/tmp/pipes tile`
+// times whole-tile models of the decode and mixes of IMMA with other instructions (kernels/PERF.md run 91).
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -57,6 +58,29 @@ __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32
       }
     }
     if constexpr (OP == 10) asm volatile("mul.lo.u32 %0, %0, %1;" : "+r"(a[i]) : "r"(c1));
+    if constexpr (OP == 14 || OP == 15 || OP == 16) {
+      // 8 ALU or IMAD chains and two IMMAs on constant operands (accumulators of their own): which pipe does the
+      // IMMA hold? 14: 8 IMAD, 15: 8 PRMT, 16: 4 IMAD + 4 PRMT
+      const bool imad = OP == 14 || (OP == 16 && i < 4);
+      if (imad) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
+      else asm volatile("prmt.b32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
+      if (i == 3 || i == 7) {
+        int* g = reinterpret_cast<int*>(&f[i][0]);
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(g[0]), "+r"(g[1]), "+r"(g[2]), "+r"(g[3])
+            : "r"(c1), "r"(c2), "r"(c1), "r"(c2), "r"(c1), "r"(c2));
+      }
+    }
+    if constexpr (OP == 11) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(f[i][0]) : "f"(__uint_as_float(c1)));
+    if constexpr (OP == 12) {  // IMAD + IDP: one pipe or two?
+      if (i & 1) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
+      else asm volatile("dp4a.u32.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
+    }
+    if constexpr (OP == 13) {  // IMAD + FFMA: does the fp32 FMA take the IMAD's pipe?
+      if (i & 1) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
+      else asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(f[i][0]) : "f"(__uint_as_float(c1)));
+    }
   }
 }
 
@@ -85,6 +109,198 @@ __global__ void bench(uint32_t c1, uint32_t c2, uint32_t* sink, long long* cycle
     cycles[blockIdx.x] = t1 - t0;
     ns[blockIdx.x] = g1 - g0;
   }
+}
+
+// Whole-tile models of the decode (`/tmp/pipes tile`): 8 tiles per iteration, each lane cutting its 8 K=2 windows
+// out of one word (3 SHL, 4 SHR, 4 PRMT) and hashing them (8 IMAD), then
+//   MODE 0: the integer mma path of 1-4 rows: two IMMA m16n8k32 per tile on the four-byte hashes, B loop-invariant;
+//   MODE 4: MODE 0 with the tile's second IMMA on an accumulator of its own;
+//   MODE 5: eight IMMA m8n8k16 per tile (one hash per lane each);
+//   MODE 1: no tensor cores: a DP4A byte sum and one FFMA per weight, the integer sum read as a denormal fp32
+//           (its bits are s * 2^-149, so x' scaled by 2^127 gives s * x' * 2^-22 exactly);
+//   MODE 2: the 5-8 row class: DP4A to 1024 + s as fp16, pairs packed by PRMT, one fp16 mma per tile for 8 rows;
+//   MODE 3: MODE 2 with the byte sums from two IMMAs against a selector B instead of the DP4As.
+// Why: a screen for decode schemes before building them into the kernel. It is only a screen: ptxas allocates the
+// model's registers its own way (MODE 0 here feeds every IMMA from one set of A registers, where the kernel
+// alternates two), and MODE 4's gain did not carry over to the kernel (kernels/PERF.md run 91).
+__device__ __forceinline__ uint32_t shl_u(uint32_t a, int n) {
+  uint32_t r;
+  asm volatile("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(n));
+  return r;
+}
+__device__ __forceinline__ uint32_t shr16(uint32_t a) {
+  uint32_t r;
+  asm volatile("shr.b32 %0, %1, 16;" : "=r"(r) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ uint32_t mid16(uint32_t a) {
+  uint32_t r;
+  asm volatile("prmt.b32 %0, %1, 0, 0x4421;" : "=r"(r) : "r"(a));
+  return r;
+}
+__device__ __forceinline__ uint32_t hash1(uint32_t x, uint32_t c) {
+  uint32_t r;
+  asm volatile("mul.lo.u32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(c));
+  return r;
+}
+
+template <int MODE>
+__global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t* sink, long long* cycles,
+                           unsigned long long* ns) {
+  int acc[8][4] = {};
+  int acc2[8][4] = {};
+  float facc[8][2] = {};
+  float acc8[8][2] = {};
+  const int g = (threadIdx.x & 31) >> 2, cq = threadIdx.x & 3;
+  const uint32_t sel0 = g == cq ? 0x01010101u : 0u, sel1 = g == cq + 4 ? 0x01010101u : 0u;
+  const uint32_t b0 = 0x01010101u * (threadIdx.x & 7), b1 = b0 ^ 0x02020202u;
+  const float xv[4] = {xs, xs * 0.5f, -xs, xs * 0.25f};
+  uint32_t u = words[threadIdx.x & 31];
+  int s2 = 2, s4 = 4, s6 = 6;
+  __syncthreads();
+  unsigned long long g0, g1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+  const long long t0 = clock64();
+  for (int it = 0; it < kIters / 8; ++it) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      asm volatile("add.u32 %0, %0, %1;" : "+r"(u) : "r"(c));  // stands in for the tile's word load
+      const uint32_t w1 = shl_u(u, s2), w2 = shl_u(u, s4), w3 = shl_u(u, s6);
+      uint32_t h[8];
+      h[0] = hash1(shr16(u), c);
+      h[1] = hash1(shr16(w1), c);
+      h[2] = hash1(shr16(w2), c);
+      h[3] = hash1(shr16(w3), c);
+      h[4] = hash1(mid16(u), c);
+      h[5] = hash1(mid16(w1), c);
+      h[6] = hash1(mid16(w2), c);
+      h[7] = hash1(mid16(w3), c);
+      if constexpr (MODE == 0) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(acc[t][0]), "+r"(acc[t][1]), "+r"(acc[t][2]), "+r"(acc[t][3])
+            : "r"(h[0]), "r"(h[4]), "r"(h[2]), "r"(h[6]), "r"(b0), "r"(b1));
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(acc[t][0]), "+r"(acc[t][1]), "+r"(acc[t][2]), "+r"(acc[t][3])
+            : "r"(h[1]), "r"(h[5]), "r"(h[3]), "r"(h[7]), "r"(b1), "r"(b0));
+      } else if constexpr (MODE == 4) {
+        // as MODE 0, the tile's two mmas on accumulators of their own (no C dependency between them)
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(acc[t][0]), "+r"(acc[t][1]), "+r"(acc[t][2]), "+r"(acc[t][3])
+            : "r"(h[0]), "r"(h[4]), "r"(h[2]), "r"(h[6]), "r"(b0), "r"(b1));
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(acc2[t][0]), "+r"(acc2[t][1]), "+r"(acc2[t][2]), "+r"(acc2[t][3])
+            : "r"(h[1]), "r"(h[5]), "r"(h[3]), "r"(h[7]), "r"(b1), "r"(b0));
+      } else if constexpr (MODE == 5) {
+        // the small integer mma, m8n8k16: one hash per lane per mma, eight mmas per tile
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.u8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};"
+                       : "+r"(acc[t][2 * (e >> 2)]), "+r"(acc[t][2 * (e >> 2) + 1])
+                       : "r"(h[e]), "r"((e & 1) ? b1 : b0));
+      } else if constexpr (MODE == 2) {
+        // the 5-8 row class (v25): DP4A to 1024 + s as fp16, pairs packed by PRMT, one fp16 mma for 8 rows
+        uint32_t v[8], a[4];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          asm volatile("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(v[e]) : "r"(h[e]), "r"(0x01010101u), "r"(0x6400u));
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          asm volatile("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(a[j]) : "r"(v[2 * j]), "r"(v[2 * j + 1]));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(facc[t][0]), "+f"(facc[t][1]), "+f"(acc8[t][0]), "+f"(acc8[t][1])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      } else if constexpr (MODE == 3) {
+        // byte sums by two integer mmas against a selector B (column n picks the four bytes of input n), C = 0x6400
+        // so D holds 1024 + s as fp16 bits; D's fragment is the fp16 mma's A fragment once packed by PRMT
+        int d[2][4];
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+            : "=r"(d[0][0]), "=r"(d[0][1]), "=r"(d[0][2]), "=r"(d[0][3])
+            : "r"(h[0]), "r"(h[4]), "r"(h[2]), "r"(h[6]), "r"(sel0), "r"(sel1), "r"(0x6400));
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+            : "=r"(d[1][0]), "=r"(d[1][1]), "=r"(d[1][2]), "=r"(d[1][3])
+            : "r"(h[1]), "r"(h[5]), "r"(h[3]), "r"(h[7]), "r"(sel0), "r"(sel1), "r"(0x6400));
+        uint32_t a[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          asm volatile("prmt.b32 %0, %1, %2, 0x5410;"
+                       : "=r"(a[j])
+                       : "r"(d[j >> 1][2 * (j & 1)]), "r"(d[j >> 1][2 * (j & 1) + 1]));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(facc[t][0]), "+f"(facc[t][1]), "+f"(acc8[t][0]), "+f"(acc8[t][1])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          uint32_t sb;
+          asm volatile("dp4a.u32.u32 %0, %1, %2, 0;" : "=r"(sb) : "r"(h[e]), "r"(0x01010101u));
+          asm volatile("fma.rn.f32 %0, %1, %2, %0;" : "+f"(facc[t][e >> 2]) : "f"(__uint_as_float(sb)), "f"(xv[e & 3]));
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const long long t1 = clock64();
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+  uint32_t s = u;
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+    s += acc[t][0] + acc[t][1] + acc[t][2] + acc[t][3] + acc2[t][0] + acc2[t][1] + acc2[t][2] + acc2[t][3] +
+         __float_as_uint(facc[t][0] + facc[t][1]) + __float_as_uint(acc8[t][0] + acc8[t][1]);
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+  if (threadIdx.x == 0) {
+    cycles[blockIdx.x] = t1 - t0;
+    ns[blockIdx.x] = g1 - g0;
+  }
+}
+
+template <int MODE>
+void run_tile(const char* name, int sms, int blocks_per_sm, int threads, int launches) {
+  const int blocks = sms * blocks_per_sm;
+  uint32_t *sink, *words;
+  long long* cyc;
+  unsigned long long* ns;
+  cudaMalloc(&sink, sizeof(uint32_t) * blocks * threads);
+  cudaMalloc(&words, sizeof(uint32_t) * 32);
+  std::vector<uint32_t> hw(32);
+  for (int i = 0; i < 32; ++i) hw[i] = 0x9E3779B9u * (i + 1);
+  cudaMemcpy(words, hw.data(), sizeof(uint32_t) * 32, cudaMemcpyHostToDevice);
+  cudaMalloc(&cyc, sizeof(long long) * blocks);
+  cudaMalloc(&ns, sizeof(unsigned long long) * blocks);
+  for (int l = 0; l < launches; ++l)
+    tile_bench<MODE><<<blocks, threads>>>(words, 0x83DCD12Du, 1.0e30f, sink, cyc, ns);
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    printf("%s: %s\n", name, cudaGetErrorString(e));
+    return;
+  }
+  std::vector<long long> h(blocks);
+  std::vector<unsigned long long> hn(blocks);
+  cudaMemcpy(h.data(), cyc, sizeof(long long) * blocks, cudaMemcpyDeviceToHost);
+  cudaMemcpy(hn.data(), ns, sizeof(unsigned long long) * blocks, cudaMemcpyDeviceToHost);
+  long long mx = 0;
+  unsigned long long mxn = 0;
+  std::vector<double> ghz;
+  for (int i = 0; i < blocks; ++i) {
+    mx = std::max(mx, h[i]);
+    mxn = std::max(mxn, hn[i]);
+    ghz.push_back(double(h[i]) / double(hn[i]));
+  }
+  std::sort(ghz.begin(), ghz.end());
+  const double tiles = double(blocks_per_sm) * (threads / 32) * kIters;  // warp-tiles per SM
+  printf("%-34s warps/SM %3d: %.2f clk per warp-tile per SMSP, %.3f GHz, %.3f ns per warp-tile per SMSP\n", name,
+         blocks_per_sm * threads / 32, 4.0 * mx / tiles, ghz[ghz.size() / 2], 4.0 * mxn / tiles);
+  cudaFree(sink);
+  cudaFree(words);
+  cudaFree(cyc);
+  cudaFree(ns);
 }
 
 template <int OP>
@@ -129,6 +345,28 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   printf("%s, %d SMs, sm_%d%d\n", prop.name, sms, prop.major, prop.minor);
+  if (argc > 1 && strcmp(argv[1], "tile") == 0) {
+    for (int bps : {2, 4, 8}) {
+      run_tile<0>("tile: IMMA path (v25)", sms, bps, 128, 40);
+      run_tile<4>("tile: IMMA path, 2 accumulators", sms, bps, 128, 40);
+      run_tile<5>("tile: IMMA m8n8k16 x8", sms, bps, 128, 40);
+      run_tile<1>("tile: DP4A + denormal FFMA", sms, bps, 128, 40);
+      run_tile<2>("tile 5-8 rows: DP4A+PRMT+HMMA (v25)", sms, bps, 128, 40);
+      run_tile<3>("tile 5-8 rows: 2 IMMA sums+PRMT+HMMA", sms, bps, 128, 40);
+    }
+    for (int bps : {4, 8}) {
+      run<14>("8 IMAD + 2 IMMA (per step)", sms, bps, 128, 10);
+      run<15>("8 PRMT + 2 IMMA (per step)", sms, bps, 128, 10);
+      run<16>("4 IMAD + 4 PRMT + 2 IMMA (per step)", sms, bps, 128, 10);
+      run<7>("IMMA m16n8k32 u8.s8->s32", sms, bps, 128, kChains);
+      run<0>("IMAD (mad.lo.u32)", sms, bps, 128, kChains);
+      run<3>("PRMT", sms, bps, 128, kChains);
+    }
+    run<11>("FFMA (fma.rn.f32)", sms, 4, 128, kChains, 40);
+    run<12>("IMAD+IDP alternating", sms, 4, 128, kChains, 40);
+    run<13>("IMAD+FFMA alternating", sms, 4, 128, kChains, 40);
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "clock") == 0) {
     run<0>("IMAD (mad.lo.u32)", sms, 4, 128, kChains, 40);
     run<2>("SHF (funnel shift)", sms, 4, 128, kChains, 40);
