@@ -144,6 +144,14 @@ __device__ __forceinline__ uint32_t hash1(uint32_t x, uint32_t c) {
   return r;
 }
 
+__device__ __forceinline__ void imma_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 template <int MODE>
 __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t* sink, long long* cycles,
                            unsigned long long* ns) {
@@ -175,25 +183,10 @@ __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t
       h[5] = hash1(mid16(w1), c);
       h[6] = hash1(mid16(w2), c);
       h[7] = hash1(mid16(w3), c);
-      if constexpr (MODE == 0) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(acc[t][0]), "+r"(acc[t][1]), "+r"(acc[t][2]), "+r"(acc[t][3])
-            : "r"(h[0]), "r"(h[4]), "r"(h[2]), "r"(h[6]), "r"(b0), "r"(b1));
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(acc[t][0]), "+r"(acc[t][1]), "+r"(acc[t][2]), "+r"(acc[t][3])
-            : "r"(h[1]), "r"(h[5]), "r"(h[3]), "r"(h[7]), "r"(b1), "r"(b0));
-      } else if constexpr (MODE == 4) {
-        // as MODE 0, the tile's two mmas on accumulators of their own (no C dependency between them)
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(acc[t][0]), "+r"(acc[t][1]), "+r"(acc[t][2]), "+r"(acc[t][3])
-            : "r"(h[0]), "r"(h[4]), "r"(h[2]), "r"(h[6]), "r"(b0), "r"(b1));
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(acc2[t][0]), "+r"(acc2[t][1]), "+r"(acc2[t][2]), "+r"(acc2[t][3])
-            : "r"(h[1]), "r"(h[5]), "r"(h[3]), "r"(h[7]), "r"(b1), "r"(b0));
+      if constexpr (MODE == 0 || MODE == 4) {
+        // MODE 4: the tile's second mma on an accumulator of its own (no C dependency between the two)
+        imma_acc(acc[t], h[0], h[4], h[2], h[6], b0, b1);
+        imma_acc(MODE == 4 ? acc2[t] : acc[t], h[1], h[5], h[3], h[7], b1, b0);
       } else if constexpr (MODE == 5) {
         // the small integer mma, m8n8k16: one hash per lane per mma, eight mmas per tile
 #pragma unroll
