@@ -97,7 +97,7 @@ static int run_case(const char* prefix, int idx, int in_f, int out_f, int k2, in
       CK(cudaStreamSynchronize(s));
     }
   }
-  const bool during = getenv("EXL3_AB_PROBE_DURING") != nullptr && atoi(getenv("EXL3_AB_PROBE_DURING")) != 0;
+  const bool during = env_flag("EXL3_AB_PROBE_DURING");
   ClockProbe probe;
   cudaStream_t s2;
   CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));

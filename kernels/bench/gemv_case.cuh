@@ -19,6 +19,12 @@
     }                                                                                      \
   } while (0)
 
+// A switch of the drivers' environment (EXL3_AB_PROBE_DURING=1, PHASE_CHAIN=1): set to a non-zero number.
+inline bool env_flag(const char* name) {
+  const char* v = getenv(name);
+  return v != nullptr && atoi(v) != 0;
+}
+
 // mode 0: any 16 bits (a valid trellis, SPEC 2.2); 1: fp16 activations in about +-1; 2: fp16 in about +-0.05 (suh, svh)
 __global__ void gemv_case_fill(uint16_t* p, size_t n, uint32_t seed, int mode) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {

@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
   std::vector<double> pro, xload, prep, main_loop, tail, start, end;
   std::vector<double> gt_ns[4], cyc_per_ns[4];  // EXL3_TIMING_GT: phases 1-4 in ns, and cycles per ns
   std::vector<unsigned long long> h(static_cast<size_t>(exl3::kStamps) * blocks);
+  const int chain = env_flag("PHASE_CHAIN") ? 8 : 1;
   for (int rep = 0; rep < 3; ++rep) {
-    const int chain = getenv("PHASE_CHAIN") != nullptr && atoi(getenv("PHASE_CHAIN")) != 0 ? 8 : 1;
     for (int i = 0; i < chain; ++i) c.launch(9 + rep + i, s);  // the last one's stamps stay
     CK(cudaStreamSynchronize(s));
     CK(cudaMemcpy(h.data(), stamps, 8 * h.size(), cudaMemcpyDeviceToHost));
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
       start.push_back((t[0] - g0) / 1000.0);
       end.push_back((t[exl3::kStampsEnd] - g0) / 1000.0);
 #ifdef EXL3_TIMING_GT
-      const unsigned long long* g = t + 8;  // the same points in globaltimer ns
+      const unsigned long long* g = t + exl3::kStampGt;  // the same points in globaltimer ns
       pro.push_back((g[1] - g[0]) / 1000.0);  // block start to its first clock stamp (set-up)
       for (int k = 1; k < 5; ++k) {
         gt_ns[k - 1].push_back((g[k + 1] - g[k]) / 1000.0);
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
       prep.push_back((t[3] - t[2]) / ghz / 1000.0);
       main_loop.push_back((t[4] - t[3]) / ghz / 1000.0);
       tail.push_back((t[5] - t[4]) / ghz / 1000.0);
-      per_sm[t[6] & 255]++;
+      per_sm[t[exl3::kStampSm] & 255]++;
     }
     int mx = 0, mn = 1 << 30, used = 0;
     for (int c : per_sm)

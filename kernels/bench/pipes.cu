@@ -19,6 +19,30 @@
 constexpr int kIters = 4096;
 constexpr int kChains = 8;
 
+// The two mmas every model here uses, accumulating in place: integer m16n8k32 (u8 x s8) and fp16 m16n8k16.
+__device__ __forceinline__ void imma_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// D = A B + c in every element: a fresh integer m16n8k32 result over a constant start
+__device__ __forceinline__ void imma_set(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1, int c) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c));
+}
+__device__ __forceinline__ void hmma_acc(float& c0, float& c1, float& c2, float& c3, uint32_t a0, uint32_t a1,
+                                         uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 template <int OP>
 __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32_t c2, float (&f)[kChains][4]) {
 #pragma unroll
@@ -29,19 +53,8 @@ __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32
     if constexpr (OP == 3) asm volatile("prmt.b32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
     if constexpr (OP == 4) asm volatile("lop3.b32 %0, %0, %1, %2, 0x6A;" : "+r"(a[i]) : "r"(c1), "r"(c2));
     if constexpr (OP == 5) asm volatile("shr.b32 %0, %0, %1;" : "+r"(a[i]) : "r"(c1));
-    if constexpr (OP == 6) {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-          : "+f"(f[i][0]), "+f"(f[i][1]), "+f"(f[i][2]), "+f"(f[i][3])
-          : "r"(c1), "r"(c2), "r"(c1), "r"(c2), "r"(c1), "r"(c2));
-    }
-    if constexpr (OP == 7) {
-      int* g = reinterpret_cast<int*>(&f[i][0]);
-      asm volatile(
-          "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-          : "+r"(g[0]), "+r"(g[1]), "+r"(g[2]), "+r"(g[3])
-          : "r"(c1), "r"(c2), "r"(c1), "r"(c2), "r"(c1), "r"(c2));
-    }
+    if constexpr (OP == 6) hmma_acc(f[i][0], f[i][1], f[i][2], f[i][3], c1, c2, c1, c2, c1, c2);
+    if constexpr (OP == 7) imma_acc(*reinterpret_cast<int(*)[4]>(&f[i][0]), c1, c2, c1, c2, c1, c2);
     if constexpr (OP == 8) {  // IMAD + SHF interleaved: do the two pipes overlap?
       if (i & 1) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
       else asm volatile("shf.l.wrap.b32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
@@ -49,13 +62,7 @@ __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32
     if constexpr (OP == 9) {  // IMAD + PRMT + IMMA mix of the int8 decode: 4 IMAD, 4 PRMT per IMMA
       if (i < 4) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
       else asm volatile("prmt.b32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
-      if (i == 7) {
-        int* g = reinterpret_cast<int*>(&f[0][0]);
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(g[0]), "+r"(g[1]), "+r"(g[2]), "+r"(g[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(c1), "r"(c2));
-      }
+      if (i == 7) imma_acc(*reinterpret_cast<int(*)[4]>(&f[0][0]), a[0], a[1], a[2], a[3], c1, c2);
     }
     if constexpr (OP == 10) asm volatile("mul.lo.u32 %0, %0, %1;" : "+r"(a[i]) : "r"(c1));
     if constexpr (OP == 14 || OP == 15 || OP == 16) {
@@ -64,13 +71,7 @@ __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32
       const bool imad = OP == 14 || (OP == 16 && i < 4);
       if (imad) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
       else asm volatile("prmt.b32 %0, %0, %1, %2;" : "+r"(a[i]) : "r"(c1), "r"(c2));
-      if (i == 3 || i == 7) {
-        int* g = reinterpret_cast<int*>(&f[i][0]);
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+r"(g[0]), "+r"(g[1]), "+r"(g[2]), "+r"(g[3])
-            : "r"(c1), "r"(c2), "r"(c1), "r"(c2), "r"(c1), "r"(c2));
-      }
+      if (i == 3 || i == 7) imma_acc(*reinterpret_cast<int(*)[4]>(&f[i][0]), c1, c2, c1, c2, c1, c2);
     }
     if constexpr (OP == 11) asm volatile("fma.rn.f32 %0, %0, %1, %1;" : "+f"(f[i][0]) : "f"(__uint_as_float(c1)));
     if constexpr (OP == 12) {  // IMAD + IDP: one pipe or two?
@@ -144,14 +145,6 @@ __device__ __forceinline__ uint32_t hash1(uint32_t x, uint32_t c) {
   return r;
 }
 
-__device__ __forceinline__ void imma_acc(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 template <int MODE>
 __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t* sink, long long* cycles,
                            unsigned long long* ns) {
@@ -203,32 +196,20 @@ __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           asm volatile("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(a[j]) : "r"(v[2 * j]), "r"(v[2 * j + 1]));
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(facc[t][0]), "+f"(facc[t][1]), "+f"(acc8[t][0]), "+f"(acc8[t][1])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        hmma_acc(facc[t][0], facc[t][1], acc8[t][0], acc8[t][1], a[0], a[1], a[2], a[3], b0, b1);
       } else if constexpr (MODE == 3) {
         // byte sums by two integer mmas against a selector B (column n picks the four bytes of input n), C = 0x6400
         // so D holds 1024 + s as fp16 bits; D's fragment is the fp16 mma's A fragment once packed by PRMT
         int d[2][4];
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-            : "=r"(d[0][0]), "=r"(d[0][1]), "=r"(d[0][2]), "=r"(d[0][3])
-            : "r"(h[0]), "r"(h[4]), "r"(h[2]), "r"(h[6]), "r"(sel0), "r"(sel1), "r"(0x6400));
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-            : "=r"(d[1][0]), "=r"(d[1][1]), "=r"(d[1][2]), "=r"(d[1][3])
-            : "r"(h[1]), "r"(h[5]), "r"(h[3]), "r"(h[7]), "r"(sel0), "r"(sel1), "r"(0x6400));
+        imma_set(d[0], h[0], h[4], h[2], h[6], sel0, sel1, 0x6400);
+        imma_set(d[1], h[1], h[5], h[3], h[7], sel0, sel1, 0x6400);
         uint32_t a[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           asm volatile("prmt.b32 %0, %1, %2, 0x5410;"
                        : "=r"(a[j])
                        : "r"(d[j >> 1][2 * (j & 1)]), "r"(d[j >> 1][2 * (j & 1) + 1]));
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(facc[t][0]), "+f"(facc[t][1]), "+f"(acc8[t][0]), "+f"(acc8[t][1])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        hmma_acc(facc[t][0], facc[t][1], acc8[t][0], acc8[t][1], a[0], a[1], a[2], a[3], b0, b1);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -254,82 +235,80 @@ __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t
   }
 }
 
-template <int MODE>
-void run_tile(const char* name, int sms, int blocks_per_sm, int threads, int launches) {
-  const int blocks = sms * blocks_per_sm;
-  uint32_t *sink, *words;
-  long long* cyc;
-  unsigned long long* ns;
-  cudaMalloc(&sink, sizeof(uint32_t) * blocks * threads);
-  cudaMalloc(&words, sizeof(uint32_t) * 32);
-  std::vector<uint32_t> hw(32);
-  for (int i = 0; i < 32; ++i) hw[i] = 0x9E3779B9u * (i + 1);
-  cudaMemcpy(words, hw.data(), sizeof(uint32_t) * 32, cudaMemcpyHostToDevice);
-  cudaMalloc(&cyc, sizeof(long long) * blocks);
-  cudaMalloc(&ns, sizeof(unsigned long long) * blocks);
-  for (int l = 0; l < launches; ++l)
-    tile_bench<MODE><<<blocks, threads>>>(words, 0x83DCD12Du, 1.0e30f, sink, cyc, ns);
-  cudaError_t e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) {
-    printf("%s: %s\n", name, cudaGetErrorString(e));
-    return;
-  }
-  std::vector<long long> h(blocks);
-  std::vector<unsigned long long> hn(blocks);
-  cudaMemcpy(h.data(), cyc, sizeof(long long) * blocks, cudaMemcpyDeviceToHost);
-  cudaMemcpy(hn.data(), ns, sizeof(unsigned long long) * blocks, cudaMemcpyDeviceToHost);
-  long long mx = 0;
-  unsigned long long mxn = 0;
-  std::vector<double> ghz;
-  for (int i = 0; i < blocks; ++i) {
-    mx = std::max(mx, h[i]);
-    mxn = std::max(mxn, hn[i]);
-    ghz.push_back(double(h[i]) / double(hn[i]));
-  }
-  std::sort(ghz.begin(), ghz.end());
-  const double tiles = double(blocks_per_sm) * (threads / 32) * kIters;  // warp-tiles per SM
-  printf("%-34s warps/SM %3d: %.2f clk per warp-tile per SMSP, %.3f GHz, %.3f ns per warp-tile per SMSP\n", name,
-         blocks_per_sm * threads / 32, 4.0 * mx / tiles, ghz[ghz.size() / 2], 4.0 * mxn / tiles);
-  cudaFree(sink);
-  cudaFree(words);
-  cudaFree(cyc);
-  cudaFree(ns);
-}
+// What one load's blocks measured: the slowest block's cycles and ns, the first block's ns, and the median over the
+// blocks of cycles per ns (the SM clock).
+struct Measured {
+  long long max_cycles = 0;
+  unsigned long long max_ns = 0, first_ns = 0;
+  double ghz = 0;
+};
 
-template <int OP>
-void run(const char* name, int sms, int blocks_per_sm, int threads, double inst_per_step, int launches = 2) {
-  const int blocks = sms * blocks_per_sm;
+// Launches `launch(sink, cycles, ns)` `launches` times over `blocks` blocks of `threads` and reads back what the
+// last launch's blocks wrote; false (after saying why) if a launch failed.
+template <typename Launch>
+bool measure(const char* name, int blocks, int threads, int launches, Launch launch, Measured& m) {
   uint32_t* sink;
   long long* cyc;
   unsigned long long* ns;
   cudaMalloc(&sink, sizeof(uint32_t) * blocks * threads);
   cudaMalloc(&cyc, sizeof(long long) * blocks);
   cudaMalloc(&ns, sizeof(unsigned long long) * blocks);
-  for (int l = 0; l < launches; ++l) bench<OP><<<blocks, threads>>>(0x83DCD12Du, 0x01010101u, sink, cyc, ns);
-  cudaError_t e = cudaDeviceSynchronize();
+  for (int l = 0; l < launches; ++l) launch(sink, cyc, ns);
+  const cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     printf("%s: %s\n", name, cudaGetErrorString(e));
-    return;
+    return false;
   }
-  long long* h = new long long[blocks];
-  cudaMemcpy(h, cyc, sizeof(long long) * blocks, cudaMemcpyDeviceToHost);
+  std::vector<long long> h(blocks);
   std::vector<unsigned long long> hn(blocks);
+  cudaMemcpy(h.data(), cyc, sizeof(long long) * blocks, cudaMemcpyDeviceToHost);
   cudaMemcpy(hn.data(), ns, sizeof(unsigned long long) * blocks, cudaMemcpyDeviceToHost);
-  long long mx = 0;
   std::vector<double> ghz;
   for (int i = 0; i < blocks; ++i) {
-    mx = h[i] > mx ? h[i] : mx;
+    m.max_cycles = std::max(m.max_cycles, h[i]);
+    m.max_ns = std::max(m.max_ns, hn[i]);
     ghz.push_back(double(h[i]) / double(hn[i]));
   }
   std::sort(ghz.begin(), ghz.end());
-  const double warp_inst = double(blocks_per_sm) * (threads / 32) * kIters * inst_per_step;
-  printf("%-34s warps/SM %3d: %.3f warp-inst/clk/SM (%.2f clk per warp-inst per SMSP), %.3f GHz over %.0f us\n",
-         name, blocks_per_sm * threads / 32, warp_inst / mx, 4.0 * mx / warp_inst, ghz[ghz.size() / 2],
-         hn[0] / 1000.0);
-  delete[] h;
+  m.ghz = ghz[ghz.size() / 2];
+  m.first_ns = hn[0];
   cudaFree(sink);
   cudaFree(cyc);
   cudaFree(ns);
+  return true;
+}
+
+template <int MODE>
+void run_tile(const char* name, int sms, int blocks_per_sm, int threads, int launches) {
+  const int blocks = sms * blocks_per_sm;
+  uint32_t* words;
+  cudaMalloc(&words, sizeof(uint32_t) * 32);
+  std::vector<uint32_t> hw(32);
+  for (int i = 0; i < 32; ++i) hw[i] = 0x9E3779B9u * (i + 1);
+  cudaMemcpy(words, hw.data(), sizeof(uint32_t) * 32, cudaMemcpyHostToDevice);
+  Measured m;
+  const bool ok = measure(name, blocks, threads, launches, [&](uint32_t* sink, long long* cyc, unsigned long long* ns) {
+    tile_bench<MODE><<<blocks, threads>>>(words, 0x83DCD12Du, 1.0e30f, sink, cyc, ns);
+  }, m);
+  cudaFree(words);
+  if (!ok) return;
+  const double tiles = double(blocks_per_sm) * (threads / 32) * kIters;  // warp-tiles per SM
+  printf("%-34s warps/SM %3d: %.2f clk per warp-tile per SMSP, %.3f GHz, %.3f ns per warp-tile per SMSP\n", name,
+         blocks_per_sm * threads / 32, 4.0 * m.max_cycles / tiles, m.ghz, 4.0 * m.max_ns / tiles);
+}
+
+template <int OP>
+void run(const char* name, int sms, int blocks_per_sm, int threads, double inst_per_step, int launches = 2) {
+  const int blocks = sms * blocks_per_sm;
+  Measured m;
+  if (!measure(name, blocks, threads, launches, [&](uint32_t* sink, long long* cyc, unsigned long long* ns) {
+        bench<OP><<<blocks, threads>>>(0x83DCD12Du, 0x01010101u, sink, cyc, ns);
+      }, m))
+    return;
+  const double warp_inst = double(blocks_per_sm) * (threads / 32) * kIters * inst_per_step;
+  printf("%-34s warps/SM %3d: %.3f warp-inst/clk/SM (%.2f clk per warp-inst per SMSP), %.3f GHz over %.0f us\n",
+         name, blocks_per_sm * threads / 32, warp_inst / m.max_cycles, 4.0 * m.max_cycles / warp_inst, m.ghz,
+         m.first_ns / 1000.0);
 }
 
 int main(int argc, char** argv) {

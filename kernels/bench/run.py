@@ -399,6 +399,8 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
     cbs = args.codebooks.split(",")
     rows_list = [int(r) for r in args.rows.split(",")]
     dense_cache: dict[tuple[int, int, int], float] = {}
+    # every timing of this bench (EXL3 and dense, each A/B path) takes the same graph size, replays and warm-up
+    timed = partial(_graph_time_us, calls=args.calls, reps=args.reps, warm_ms=args.warm_ms)
     for in_f, out_f in shapes:
         # enough distinct weight sets that one pass over them is several times the L2
         for k2 in rates:
@@ -424,24 +426,18 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                         ) -> Callable[[], object]:
                             return partial(cuda.gemv, xs[i], *layers[i], cb_id, ksplit=ks)
 
-                        us = _graph_time_us(make, n_sets, args.calls, args.reps, args.warm_ms)
+                        us = timed(make, n_sets)
                         extra: dict = {"sweep": ks != 0}
                         if args.ab_xprep and ks == 0:
                             # the other input-transform path: separate kernel for 1 row, fused for several
                             with _env(SPARKCTL_EXL3_XPREP_MIN_ROWS="1" if rows == 1 else "99"):
-                                extra["other_xprep_us"] = _graph_time_us(
-                                    make, n_sets, args.calls, args.reps, args.warm_ms
-                                )
+                                extra["other_xprep_us"] = timed(make, n_sets)
                         if args.ab_mul1 and ks == 0 and cb == "mul1":
                             with _env(SPARKCTL_EXL3_MUL1_PATH="fp16"):
-                                extra["fp16_kernel_us"] = _graph_time_us(
-                                    make, n_sets, args.calls, args.reps, args.warm_ms
-                                )
+                                extra["fp16_kernel_us"] = timed(make, n_sets)
                         if args.ab_pdl and ks == 0:
                             with _env(SPARKCTL_EXL3_NO_PDL="1"):
-                                extra["no_pdl_us"] = _graph_time_us(
-                                    make, n_sets, args.calls, args.reps, args.warm_ms
-                                )
+                                extra["no_pdl_us"] = timed(make, n_sets)
                         key = (in_f, out_f, rows)
                         if key not in dense_cache:
                             n_dense = max(2, math.ceil(4 * l2 / (in_f * out_f * 2)))
@@ -455,9 +451,7 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                             def make_dense(i: int, xd: list = xd, ws: list = ws) -> Callable[[], object]:
                                 return partial(torch.matmul, xd[i], ws[i])
 
-                            dense_cache[key] = _graph_time_us(
-                                make_dense, n_dense, args.calls, args.reps, args.warm_ms
-                            )
+                            dense_cache[key] = timed(make_dense, n_dense)
                             del ws, xd
                         bytes_read = bytes_w + 2 * (in_f + out_f) + 2 * rows * (in_f + out_f)
                         floor_us = bytes_read / (HBM_PEAK_GBS * 1e3)

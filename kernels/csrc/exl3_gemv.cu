@@ -47,16 +47,18 @@ namespace exl3 {
 // Phase timing (kernels/bench/phase_timing.cu builds this file with -DEXL3_TIMING): thread 0 of each block
 // writes clock64() at fixed points of the block's life, plus %globaltimer at start and end, into
 // g_exl3_timing[block * kStamps + k]. With -DEXL3_TIMING_GT it also writes %globaltimer at every point into
-// [block * kStamps + 8 + k], so each phase has its SM cycles and its wall-clock ns read at the same instants
+// [block * kStamps + kStampGt + k], so each phase has its SM cycles and its wall-clock ns read at the same instants
 // (kernels/PERF.md runs 86-88). Compiled out otherwise.
 #ifdef EXL3_TIMING
-constexpr int kStampsEnd = 7;  // stamps 0 and kStampsEnd are globaltimer ns, 1..5 clock64; slot 6 holds the SM id
+constexpr int kStampsEnd = 7;  // stamps 0 and kStampsEnd are globaltimer ns, 1..5 clock64
+constexpr int kStampSm = 6;    // the slot that holds the SM id
+constexpr int kStampGt = 8;    // EXL3_TIMING_GT: slot kStampGt + k holds globaltimer at stamp k
 #ifdef EXL3_TIMING_GT
-constexpr bool kStampsGt = true;  // slots 8 + k: globaltimer at every stamp
+constexpr bool kStampsGt = true;
 #else
 constexpr bool kStampsGt = false;
 #endif
-constexpr int kStamps = kStampsGt ? 16 : 8;
+constexpr int kStamps = kStampsGt ? 2 * kStampGt : kStampGt;
 __device__ unsigned long long* g_exl3_timing = nullptr;
 __device__ __forceinline__ void exl3_stamp(int k) {
   if (threadIdx.x == 0 && g_exl3_timing != nullptr) {
@@ -65,11 +67,11 @@ __device__ __forceinline__ void exl3_stamp(int k) {
     unsigned long long gt = 0;
     if (wall || kStampsGt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
     t[k] = wall ? gt : clock64();
-    if (kStampsGt) t[8 + k] = gt;
+    if (kStampsGt) t[kStampGt + k] = gt;
     if (k == 0) {
       unsigned sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      t[6] = sm;
+      t[kStampSm] = sm;
     }
   }
 }
