@@ -45,8 +45,11 @@ int main(int argc, char** argv) {
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, e0, e1));
   CK(cudaMemcpyToSymbol(exl3::g_exl3_timing, &stamps, sizeof(stamps)));
-  std::vector<double> pro, xload, prep, main_loop, tail, start, end;
-  std::vector<double> gt_ns[4], cyc_per_ns[4];  // EXL3_TIMING_GT: phases 1-4 in ns, and cycles per ns
+  // phase k (1..4) runs from stamp k to stamp k + 1: x-side load, transform+pack, main loop, end of block
+  const char* names[4] = {"x-side load", "transform+pack", "main loop", "end of block"};
+  std::vector<double> pro, start, end;
+  std::vector<double> cyc_us[4];                // phases in us, from SM cycles at 1.98 GHz
+  std::vector<double> gt_ns[4], cyc_per_ns[4];  // EXL3_TIMING_GT: phases in ns, and cycles per ns
   std::vector<unsigned long long> h(static_cast<size_t>(exl3::kStamps) * blocks);
   const int chain = env_flag("PHASE_CHAIN") ? 8 : 1;
   for (int rep = 0; rep < 3; ++rep) {
@@ -64,15 +67,14 @@ int main(int argc, char** argv) {
 #ifdef EXL3_TIMING_GT
       const unsigned long long* g = t + exl3::kStampGt;  // the same points in globaltimer ns
       pro.push_back((g[1] - g[0]) / 1000.0);  // block start to its first clock stamp (set-up)
+#endif
       for (int k = 1; k < 5; ++k) {
+        cyc_us[k - 1].push_back((t[k + 1] - t[k]) / ghz / 1000.0);
+#ifdef EXL3_TIMING_GT
         gt_ns[k - 1].push_back((g[k + 1] - g[k]) / 1000.0);
         if (g[k + 1] - g[k] >= 2000) cyc_per_ns[k - 1].push_back(double(t[k + 1] - t[k]) / double(g[k + 1] - g[k]));
-      }
 #endif
-      xload.push_back((t[2] - t[1]) / ghz / 1000.0);
-      prep.push_back((t[3] - t[2]) / ghz / 1000.0);
-      main_loop.push_back((t[4] - t[3]) / ghz / 1000.0);
-      tail.push_back((t[5] - t[4]) / ghz / 1000.0);
+      }
       per_sm[t[exl3::kStampSm] & 255]++;
     }
     int mx = 0, mn = 1 << 30, used = 0;
@@ -92,16 +94,11 @@ int main(int argc, char** argv) {
   };
   row("start (globaltimer)", start);
   if (!pro.empty()) row("set-up", pro);
-  row("x-side load", xload);
-  row("transform+pack", prep);
-  row("main loop", main_loop);
-  row("end of block", tail);
+  for (int k = 0; k < 4; ++k) row(names[k], cyc_us[k]);
   row("end (globaltimer)", end);
-  const char* names[4] = {"x-side load", "transform+pack", "main loop", "end of block"};
   for (int k = 0; k < 4; ++k) {
     if (gt_ns[k].empty()) continue;
-    std::string n = std::string(names[k]) + " ns";
-    row(n.c_str(), gt_ns[k]);
+    row((std::string(names[k]) + " ns").c_str(), gt_ns[k]);
     if (!cyc_per_ns[k].empty()) row((std::string(names[k]) + " GHz").c_str(), cyc_per_ns[k]);
   }
   return 0;

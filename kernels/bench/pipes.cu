@@ -85,6 +85,30 @@ __device__ __forceinline__ void step(uint32_t (&a)[kChains], uint32_t c1, uint32
   }
 }
 
+// One block's timed loop, on both counters read side by side after a block barrier: SM cycles (clock64) and
+// wall-clock ns (%globaltimer), so cycles / ns is the clock the SM ran that loop at.
+struct BlockTimer {
+  unsigned long long g0 = 0, g1 = 0;
+  long long t0 = 0, t1 = 0;
+  __device__ __forceinline__ void start() {
+    __syncthreads();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+    t0 = clock64();
+  }
+  __device__ __forceinline__ void stop() {
+    __syncthreads();
+    t1 = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+  }
+  // thread 0 writes the block's cycles and ns
+  __device__ __forceinline__ void store(long long* cycles, unsigned long long* ns) const {
+    if (threadIdx.x == 0) {
+      cycles[blockIdx.x] = t1 - t0;
+      ns[blockIdx.x] = g1 - g0;
+    }
+  }
+};
+
 template <int OP>
 __global__ void bench(uint32_t c1, uint32_t c2, uint32_t* sink, long long* cycles, unsigned long long* ns) {
   uint32_t a[kChains];
@@ -94,22 +118,15 @@ __global__ void bench(uint32_t c1, uint32_t c2, uint32_t* sink, long long* cycle
     a[i] = threadIdx.x * 7 + i;
     f[i][0] = f[i][1] = f[i][2] = f[i][3] = 0.f;
   }
-  __syncthreads();
-  unsigned long long g0, g1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
-  const long long t0 = clock64();
+  BlockTimer timer;
+  timer.start();
   for (int it = 0; it < kIters; ++it) step<OP>(a, c1, c2, f);
-  __syncthreads();
-  const long long t1 = clock64();
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+  timer.stop();
   uint32_t s = 0;
 #pragma unroll
   for (int i = 0; i < kChains; ++i) s += a[i] + __float_as_uint(f[i][0] + f[i][1] + f[i][2] + f[i][3]);
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
-  if (threadIdx.x == 0) {
-    cycles[blockIdx.x] = t1 - t0;
-    ns[blockIdx.x] = g1 - g0;
-  }
+  timer.store(cycles, ns);
 }
 
 // Whole-tile models of the decode (`/tmp/pipes tile`): 8 tiles per iteration, each lane cutting its 8 K=2 windows
@@ -158,10 +175,8 @@ __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t
   const float xv[4] = {xs, xs * 0.5f, -xs, xs * 0.25f};
   uint32_t u = words[threadIdx.x & 31];
   int s2 = 2, s4 = 4, s6 = 6;
-  __syncthreads();
-  unsigned long long g0, g1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
-  const long long t0 = clock64();
+  BlockTimer timer;
+  timer.start();
   for (int it = 0; it < kIters / 8; ++it) {
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
@@ -220,19 +235,14 @@ __global__ void tile_bench(const uint32_t* words, uint32_t c, float xs, uint32_t
       }
     }
   }
-  __syncthreads();
-  const long long t1 = clock64();
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+  timer.stop();
   uint32_t s = u;
 #pragma unroll
   for (int t = 0; t < 8; ++t)
     s += acc[t][0] + acc[t][1] + acc[t][2] + acc[t][3] + acc2[t][0] + acc2[t][1] + acc2[t][2] + acc2[t][3] +
          __float_as_uint(facc[t][0] + facc[t][1]) + __float_as_uint(acc8[t][0] + acc8[t][1]);
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
-  if (threadIdx.x == 0) {
-    cycles[blockIdx.x] = t1 - t0;
-    ns[blockIdx.x] = g1 - g0;
-  }
+  timer.store(cycles, ns);
 }
 
 // What one load's blocks measured: the slowest block's cycles and ns, the first block's ns, and the median over the
