@@ -12,9 +12,9 @@ the reference decoder reconstructs from it, stored as a plain fp32 ``nn.Linear``
 without quantization. Quantized and twin compute the same function, so their greedy outputs must agree;
 that is the end-to-end proof that the plugin loads, shards and applies EXL3 layers correctly.
 
-Generators (registered in ``sparkctl/models/generators.py``), each ``fn(out_dir: Path) -> None``:
-``make_tiny_dense`` / ``make_tiny_dense_twin`` (Llama) and ``make_tiny_moe`` / ``make_tiny_moe_twin``
-(Mixtral-style routed experts).
+``write_model(spec, out_dir, ...)`` writes one model next to a tokenizer the caller supplies; ``DENSE`` (Llama)
+and ``MOE`` (Mixtral-style routed experts) are the two shapes. The named generators that pair them with
+sparkctl's tiny tokenizer live in ``sparkctl/models/tiny_exl3.py``: this package never imports sparkctl.
 """
 
 from __future__ import annotations
@@ -37,12 +37,10 @@ __all__ = [
     "ModelSpec",
     "build_checkpoint",
     "dense_weight",
-    "make_tiny_dense",
-    "make_tiny_dense_twin",
-    "make_tiny_moe",
-    "make_tiny_moe_twin",
     "quantized_layers",
     "random_exl3_layer",
+    "twin_tensors",
+    "write_model",
 ]
 
 #: Codebook standard deviations over all 65536 states (SPEC 2.3), used to scale suh/svh so that a layer's
@@ -363,25 +361,28 @@ def _quantization_config(spec: ModelSpec, storage: dict) -> dict:
     }
 
 
-def _write(spec: ModelSpec, out_dir: Path, *, twin: bool) -> None:
-    from safetensors.torch import save_file
+def write_model(
+    spec: ModelSpec,
+    out_dir: Path,
+    *,
+    vocab: int,
+    token_ids: dict[str, int],
+    eos_token_ids: list[int],
+    twin: bool,
+) -> None:
+    """Write config.json, generation_config.json, model.safetensors (and quantization_config.json unless
+    ``twin``) for ``spec`` into ``out_dir``, next to a tokenizer the caller has already written there.
 
-    from sparkctl.models import tiny
+    ``token_ids`` holds ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of that tokenizer and
+    ``eos_token_ids`` every id that ends a turn. The tokenizer is the caller's: this package is the shipped
+    plugin and knows nothing of sparkctl's tiny-model tokenizer (``sparkctl.models.tiny_exl3`` pairs them).
+    """
+    from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tiny.write_tokenizer(out_dir)
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
-    ids = {
-        "bos_token_id": tok.token_to_id(tiny.BOS),
-        "eos_token_id": tok.token_to_id(tiny.EOS),
-        "pad_token_id": tok.token_to_id(tiny.PAD),
-    }
     tensors, storage = build_checkpoint(spec, vocab)
-    config = _hf_config(spec, vocab, ids, "float32" if twin else "float16")
+    config = _hf_config(spec, vocab, token_ids, "float32" if twin else "float16")
     if twin:
         tensors = twin_tensors(tensors, vocab)
     else:
@@ -392,9 +393,9 @@ def _write(spec: ModelSpec, out_dir: Path, *, twin: bool) -> None:
     _write_json(
         out_dir / "generation_config.json",
         {
-            "bos_token_id": ids["bos_token_id"],
-            "eos_token_id": [ids["eos_token_id"], tok.token_to_id(tiny.TURN_END)],
-            "pad_token_id": ids["pad_token_id"],
+            "bos_token_id": token_ids["bos_token_id"],
+            "eos_token_id": list(eos_token_ids),
+            "pad_token_id": token_ids["pad_token_id"],
         },
     )
     tmp = out_dir / ".model.safetensors.tmp"
@@ -410,23 +411,3 @@ def _write_json(path: Path, data: dict) -> None:
         f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; model files are meant to be shared
     os.replace(tmp, path)
-
-
-def make_tiny_dense(out_dir: Path) -> None:
-    """A random-weight Llama stored as EXL3 (mixed K 2..6 and 2.5, all three codebooks, quantized lm_head)."""
-    _write(DENSE, out_dir, twin=False)
-
-
-def make_tiny_dense_twin(out_dir: Path) -> None:
-    """The same Llama with every EXL3 layer dequantized to a plain fp32 weight; serves without quantization."""
-    _write(DENSE, out_dir, twin=True)
-
-
-def make_tiny_moe(out_dir: Path) -> None:
-    """A random-weight Mixtral-style MoE (4 experts, top-2) stored as EXL3, experts as per-expert linears."""
-    _write(MOE, out_dir, twin=False)
-
-
-def make_tiny_moe_twin(out_dir: Path) -> None:
-    """The same MoE model with every EXL3 layer dequantized to a plain fp32 weight."""
-    _write(MOE, out_dir, twin=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from sparkctl import paths
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.models.generators import GENERATORS
-from sparkctl.planner.types import ModelSource
+from sparkctl.models.source import ModelSource
 
 
 def resolve_model(source: ModelSource, *, offline: bool = False, cache_dir: str | Path | None = None) -> Path:
@@ -201,23 +201,93 @@ MARKER = ".sparkctl-generated.json"
 
 
 def generator_fingerprint(name: str) -> str:
-    """Hash of the generator's spec and its module's source: a changed generator means a stale model.
+    """Hash of the generator's spec and the source of every module it runs: a change anywhere in that
+    closure (the tokenizer it shares, the EXL3 writer and the decoder behind it) means a stale model.
 
-    Read from the file, not by importing it (the EXL3 writers import torch), so checking is cheap.
+    Read from the files, not by importing them (the EXL3 writers import torch), so checking is cheap.
     """
+    spec = _generator_spec(name)
+    digest = hashlib.sha256(spec.encode())
+    for module_name, path in generator_sources(name):
+        digest.update(f"\0{module_name}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _generator_spec(name: str) -> str:
     spec = GENERATORS.get(name)
     if spec is None:
-        valid = ", ".join(sorted(GENERATORS))
-        raise UserError(f"unknown model generator {name!r}", hint=f"model.generate must be one of: {valid}")
-    module_name = spec.split(":")[0]
-    digest = hashlib.sha256(spec.encode())
+        raise UserError(
+            f"unknown model generator {name!r}", hint=f"model.generate must be one of: {valid_generators()}"
+        )
+    return spec
+
+
+def valid_generators() -> str:
+    return ", ".join(sorted(GENERATORS))
+
+
+def generator_sources(name: str) -> list[tuple[str, Path]]:
+    """(module, source file) of the generator's module and of every first-party module it imports, at any
+    depth, sorted: the generator's own top-level package plus sparkctl's and the plugin's.
+
+    Imports are read from the syntax tree (absolute and relative, at module level or inside functions),
+    so nothing is executed; a name that is not a module (`from pkg import function`) is its package.
+    """
+    root = _generator_spec(name).split(":")[0]
+    first_party = {root.split(".")[0], "sparkctl", "sparkctl_exl3"}
+    seen: dict[str, Path] = {}
+    todo = [root]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        path = _module_file(module)
+        if path is None:
+            continue
+        seen[module] = path
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages run first
+        is_package = path.name == "__init__.py"
+        for imported in _imports_of(path, module, is_package):
+            if imported.split(".")[0] in first_party:
+                todo.append(imported)
+    return sorted(seen.items())
+
+
+def _module_file(module: str) -> Path | None:
     try:
-        found = importlib.util.find_spec(module_name)
+        found = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        found = None
-    if found is not None and found.origin and os.path.isfile(found.origin):
-        digest.update(Path(found.origin).read_bytes())
-    return digest.hexdigest()
+        return None
+    if (
+        found is None
+        or not found.origin
+        or not found.origin.endswith(".py")
+        or not os.path.isfile(found.origin)
+    ):
+        return None
+    return Path(found.origin)
+
+
+def _imports_of(path: Path, module: str, is_package: bool) -> list[str]:
+    import ast
+
+    package = module if is_package else module.rpartition(".")[0]
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            out.append(prefix)
+            out += [f"{prefix}.{alias.name}" for alias in node.names if alias.name != "*"]
+    return [m for m in out if m]
 
 
 def _is_current(target: Path, fingerprint: str) -> bool:

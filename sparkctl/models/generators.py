@@ -11,9 +11,9 @@ from __future__ import annotations
 GENERATORS: dict[str, str] = {
     # a random-weight Llama (head_dim 64, as vLLM's CPU attention requires) + a tokenizer trained locally
     "tiny-llama": "sparkctl.models.tiny:make_tiny_llama",
-    # EXL3 checkpoints written by our own writer, and their dequantized bf16 twins
-    "tiny-exl3-dense": "sparkctl_exl3.checkpoint:make_tiny_dense",
-    "tiny-exl3-dense-twin": "sparkctl_exl3.checkpoint:make_tiny_dense_twin",
-    "tiny-exl3-moe": "sparkctl_exl3.checkpoint:make_tiny_moe",
-    "tiny-exl3-moe-twin": "sparkctl_exl3.checkpoint:make_tiny_moe_twin",
+    # EXL3 checkpoints from the plugin's writer (sparkctl_exl3.checkpoint), and their dequantized twins
+    "tiny-exl3-dense": "sparkctl.models.tiny_exl3:make_tiny_dense",
+    "tiny-exl3-dense-twin": "sparkctl.models.tiny_exl3:make_tiny_dense_twin",
+    "tiny-exl3-moe": "sparkctl.models.tiny_exl3:make_tiny_moe",
+    "tiny-exl3-moe-twin": "sparkctl.models.tiny_exl3:make_tiny_moe_twin",
 }

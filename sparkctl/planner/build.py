@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import UserError
+from sparkctl.models.generators import GENERATORS
 from sparkctl.planner.engines import check_extra_args, check_kv_dtype, llamacpp_argv, vllm_argv
 from sparkctl.planner.memory import gib, plan_memory
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
@@ -40,6 +41,11 @@ def recipe_hash(recipe: Any) -> str:
 
 def model_source(recipe: Any) -> ModelSource:
     m = recipe.model
+    if m.generate is not None and m.generate not in GENERATORS:
+        raise UserError(
+            f"recipe {recipe.name}: model.generate: unknown generator {m.generate!r}",
+            hint=f"valid: {', '.join(sorted(GENERATORS))}",
+        )
     return ModelSource(
         repo=m.repo,
         revision=m.revision,

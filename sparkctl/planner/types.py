@@ -9,20 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sparkctl.models.source import ModelSource
 
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights come from; exactly one of repo / path / generate is set."""
-
-    repo: str | None = None  # Hugging Face repo id, fetched with snapshot_download
-    revision: str | None = None  # pinned commit or branch
-    allow_patterns: tuple[str, ...] = ()
-    path: str | None = None  # a local directory already holding the model
-    generate: str | None = None  # name of a local generator (tiny models made on first use)
-    format: Literal["exl3", "gguf", "safetensors"] = "safetensors"
-    expected_shards: int | None = None
-    expected_bytes: int | None = None
-    needs_token: bool = False  # gated repo: doctor checks for an HF token
+__all__ = ["ContainerSpec", "LoadPolicy", "MemoryPlan", "ModelSource", "Mount", "Plan"]
 
 
 @dataclass(frozen=True)

@@ -159,14 +159,6 @@ class ModelSpec(Strict):
             raise ValueError(f"repo must look like owner/name, got {self.repo!r}")
         return self
 
-    @field_validator("generate")
-    @classmethod
-    def _known_generator(cls, value: str | None) -> str | None:
-        from sparkctl.models.generators import GENERATORS
-
-        if value is not None and value not in GENERATORS:
-            raise ValueError(f"unknown generator {value!r}; valid: {', '.join(sorted(GENERATORS))}")
-        return value
 
 
 class EngineSpec(Strict):

@@ -180,6 +180,42 @@ def test_fingerprint_follows_the_generator_source():
         fetch.generator_fingerprint("nope")
 
 
+def test_fingerprint_covers_the_generators_import_closure():
+    """The EXL3 generators' output depends on the tokenizer (tiny.py), the writer and the decoder it
+    uses: all of them are hashed, not just the module that names the generator."""
+    names = [m for m, _ in fetch.generator_sources("tiny-exl3-dense")]
+    for needed in (
+        "sparkctl.models.tiny_exl3",
+        "sparkctl.models.tiny",
+        "sparkctl_exl3.checkpoint",
+        "sparkctl_exl3.reference",
+    ):
+        assert needed in names
+    assert "torch" not in names and "tokenizers" not in names  # third-party code is not ours to hash
+
+
+def test_an_edit_deep_in_the_closure_changes_the_fingerprint(tmp_path, monkeypatch):
+    """A real generator package on disk: editing a module two imports away (relative, then absolute,
+    inside a function) must give a new fingerprint, and so a regenerated model."""
+    pkg = tmp_path / "fakegen"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "gen.py").write_text("from . import shapes\n\ndef make(out_dir):\n    shapes.write(out_dir)\n")
+    (pkg / "shapes.py").write_text("def write(out_dir):\n    from fakegen.weights import SEED\n")
+    (pkg / "weights.py").write_text("SEED = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(GENERATORS, "fake", "fakegen.gen:make")
+    before = fetch.generator_fingerprint("fake")
+    assert [m for m, _ in fetch.generator_sources("fake")] == [
+        "fakegen",
+        "fakegen.gen",
+        "fakegen.shapes",
+        "fakegen.weights",
+    ]
+    (pkg / "weights.py").write_text("SEED = 2\n")
+    assert fetch.generator_fingerprint("fake") != before
+
+
 def test_local_model_path_of_an_uncached_repo_is_cheap(hf_cache, tmp_path):
     """`doctor` asks this for every hub recipe: a repo with no cache folder is answered without
     importing huggingface_hub's API client (~0.1 s), and a cached one is still found."""

@@ -18,16 +18,16 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The four tiny models written by sparkctl_exl3.checkpoint, once per session."""
-    from sparkctl_exl3 import checkpoint
+    """The four tiny models (sparkctl.models.tiny_exl3, written by sparkctl_exl3.checkpoint), once per session."""
+    from sparkctl.models import tiny_exl3
 
     root = tmp_path_factory.mktemp("exl3-models")
     out = {}
     for name, fn in (
-        ("dense", checkpoint.make_tiny_dense),
-        ("dense-twin", checkpoint.make_tiny_dense_twin),
-        ("moe", checkpoint.make_tiny_moe),
-        ("moe-twin", checkpoint.make_tiny_moe_twin),
+        ("dense", tiny_exl3.make_tiny_dense),
+        ("dense-twin", tiny_exl3.make_tiny_dense_twin),
+        ("moe", tiny_exl3.make_tiny_moe),
+        ("moe-twin", tiny_exl3.make_tiny_moe_twin),
     ):
         fn(root / name)
         out[name] = root / name

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from sparkctl_exl3 import checkpoint, reference
+from sparkctl_exl3 import reference
+
+from sparkctl.models import tiny_exl3
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -97,7 +99,7 @@ def test_activations_stay_sane(tiny_models: dict[str, Path]) -> None:
 
 
 def test_writer_is_deterministic(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    checkpoint.make_tiny_moe(tmp_path / "again")
+    tiny_exl3.make_tiny_moe(tmp_path / "again")
     for name in ("model.safetensors", "config.json", "quantization_config.json"):
         a = hashlib.sha256((tmp_path / "again" / name).read_bytes()).hexdigest()
         b = hashlib.sha256((tiny_models["moe"] / name).read_bytes()).hexdigest()

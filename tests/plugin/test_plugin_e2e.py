@@ -79,8 +79,7 @@ def _sparkctl(env: dict[str, str], *args: str, timeout: float = 120) -> subproce
 def exl3_session(tmp_path_factory: pytest.TempPathFactory) -> Session:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed in this Python (make install-vllm)")
-    from sparkctl_exl3 import checkpoint
-
+    from sparkctl.models import tiny_exl3
     from sparkctl.server.ports import free_port
 
     root = tmp_path_factory.mktemp("exl3-e2e")
@@ -88,7 +87,7 @@ def exl3_session(tmp_path_factory: pytest.TempPathFactory) -> Session:
     twin_dirs = {}
     for recipe, fn in MODELS.items():
         twin_dirs[recipe] = root / f"{recipe}-twin"
-        getattr(checkpoint, fn)(twin_dirs[recipe])
+        getattr(tiny_exl3, fn)(twin_dirs[recipe])
     spec = root / "twin-spec.json"
     spec.write_text(
         json.dumps(
@@ -225,12 +224,11 @@ def test_server_refuses_a_checkpoint_without_exl3_tensors(tmp_path: Path) -> Non
     layer tests exercise, test_unknown_codebook_marker.)"""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed in this Python (make install-vllm)")
-    from sparkctl_exl3 import checkpoint
-
+    from sparkctl.models import tiny_exl3
     from sparkctl.server.ports import free_port
 
     model = tmp_path / "not-exl3"
-    checkpoint.make_tiny_dense_twin(model)
+    tiny_exl3.make_tiny_dense_twin(model)
     cfg = json.loads((model / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "exl3"}
     (model / "config.json").write_text(json.dumps(cfg))
