@@ -7,7 +7,6 @@ pay for importing docker, httpx or torch (the 0.5 s budget in the foundation iss
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 
 import click
@@ -36,25 +35,15 @@ class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name in COMMANDS if self._available(name)]
+        return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)
         if target is None:
             return None
         module_name, attr = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                return None  # command not built yet in this checkout
-            raise
-        return getattr(module, attr)
-
-    @staticmethod
-    def _available(name: str) -> bool:
-        module_name = COMMANDS[name].split(":")[0]
-        return importlib.util.find_spec(module_name) is not None
+        command: click.Command = getattr(importlib.import_module(module_name), attr)
+        return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

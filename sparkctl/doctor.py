@@ -282,12 +282,9 @@ def probe_disk(plan: Plan | None) -> DiskFacts:
             where = paths.generated_model_dir(src.generate)
         else:
             where = hf_cache_dir()
-        try:
-            from sparkctl.models.fetch import local_model_path
+        from sparkctl.models.fetch import local_model_path
 
-            local = local_model_path(src)
-        except ImportError:
-            local = None
+        local = local_model_path(src)
     generated = plan is not None and bool(plan.model.generate)
     at_least = (
         plan.memory.weights_bytes if plan is not None and plan.memory is not None and need is None else None

@@ -15,6 +15,7 @@ command can render for a terminal, for CI logs or as JSON.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -24,24 +25,11 @@ from typing import Any
 
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.planner.types import Plan
+from sparkctl.recipe.overrides import Overrides
 from sparkctl.runtimes import state as state_files
 from sparkctl.runtimes.base import Runtime, ServerState
+from sparkctl.runtimes.registry import get_runtime
 from sparkctl.server.health import Tick, smoke_test, wait_healthy
-
-RUNTIMES = ("native", "docker")
-
-
-def get_runtime(name: str) -> Runtime:
-    """The runtime object for a plan's or a state file's `runtime` name."""
-    if name == "native":
-        from sparkctl.runtimes.native import NativeRuntime
-
-        return NativeRuntime()
-    if name == "docker":
-        from sparkctl.runtimes.docker import DockerRuntime
-
-        return DockerRuntime()
-    raise UserError(f"unknown runtime {name!r}", hint=f"valid: {', '.join(RUNTIMES)}")
 
 
 class Reporter:
@@ -62,9 +50,7 @@ class Reporter:
 @dataclass
 class UpOptions:
     recipe: str
-    overrides: tuple[str, ...] = ()
-    port: int | None = None
-    runtime: str | None = None
+    overrides: Overrides = field(default_factory=Overrides)  # --set, --port (0: any free), --runtime
     offline: bool = False
     dry_run: bool = False
     force: bool = False  # go on when the memory plan says it does not fit
@@ -127,20 +113,6 @@ def doctor_checks_for(plan: Plan) -> list[str]:
     return names
 
 
-def _check_engine(plan: Plan) -> None:
-    """A native engine that is not installed is reported before a download of many GB, not after."""
-    if plan.runtime != "native" or not plan.argv:
-        return
-    import shutil
-
-    exe = plan.argv[0]
-    if shutil.which(exe) is None:
-        raise RuntimeFailure(
-            f"cannot start {plan.recipe_name}: executable {exe!r} not found",
-            hint="install the engine (for vLLM on the CPU: make install-vllm) or set engine.entrypoint",
-        )
-
-
 def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     rep = reporter or Reporter()
     t_start = time.monotonic()
@@ -149,7 +121,8 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     # validate + plan ------------------------------------------------------------------------------
     t = time.monotonic()
     recipe = _load(opts)
-    plan = _plan(recipe, None, opts)
+    local = _already_local(recipe)
+    plan = _plan(recipe, local, opts)
     timings["validate"] = time.monotonic() - t
     rep.step(
         "validate",
@@ -162,19 +135,26 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         return UpResult(plan=plan, dry_run=True, timings=timings)
 
     with state_files.starting(plan.recipe_name):
-        return _start(opts, recipe, plan, rep, t_start, timings)
+        return _start(opts, recipe, plan, local, rep, t_start, timings)
 
 
 def _start(
-    opts: UpOptions, recipe: Any, plan: Plan, rep: Reporter, t_start: float, timings: dict[str, float]
+    opts: UpOptions,
+    recipe: Any,
+    plan: Plan,
+    planned_with: Path | None,
+    rep: Reporter,
+    t_start: float,
+    timings: dict[str, float],
 ) -> UpResult:
-    """Everything after validation, run while holding the recipe's start lock."""
+    """Everything after validation, run while holding the recipe's start lock. `planned_with` is the model
+    directory the plan was made with (None: not on this machine yet)."""
     runtime = get_runtime(plan.runtime)
 
     # already up? port free? -------------------------------------------------------------------------
     if opts.restart:
         _stop_previous(plan, rep)
-    existing = _existing(plan, runtime, rep, port_asked=_port_asked(opts))
+    existing = _existing(plan, runtime, rep, port_asked=opts.overrides.port_asked)
     if existing is not None:
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
     _check_port(plan)
@@ -183,7 +163,10 @@ def _start(
     t = time.monotonic()
     detail = _doctor(plan, rep)
     runtime.check()
-    _check_engine(plan)
+    if plan.runtime == "native":  # not installed: said before a download of many GB, not after
+        from sparkctl.runtimes.native import require_executable
+
+        require_executable(plan)
     timings["doctor"] = time.monotonic() - t
     rep.step("doctor", detail, timings["doctor"])
 
@@ -206,7 +189,10 @@ def _start(
     timings["fetch"] = time.monotonic() - t
     rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])
 
-    plan = _plan(recipe, model_path, opts)
+    if planned_with is None or planned_with.resolve() != model_path.resolve():
+        # the model was not here when `up` planned (a first download or generation): plan again with it,
+        # as the memory plan reads its config.json and a docker plan mounts its directory
+        plan = _plan(recipe, model_path, opts)
     if plan.memory is not None:
         m = plan.memory
         verdict = "fits" if m.fits else "DOES NOT FIT (--force)"
@@ -238,7 +224,7 @@ def _start(
                 plan.served_model_name,
                 label=plan.recipe_name,
                 timeout_s=plan.health_timeout_s,
-                exit_detail=lambda: _exit_detail(runtime, server),
+                exit_detail=lambda: runtime.exit_detail(server),
                 last_lines=lambda n: _last_lines(runtime, server, n),
                 on_tick=on_tick,
             )
@@ -276,34 +262,28 @@ def _start(
 
 
 def _load(opts: UpOptions) -> Any:
-    from sparkctl.recipe import load_recipe
+    from sparkctl.recipe.overrides import load
 
-    overrides = list(opts.overrides)
-    if opts.runtime is not None:
-        if opts.runtime not in RUNTIMES:
-            raise UserError(f"unknown runtime {opts.runtime!r}", hint=f"valid: {', '.join(RUNTIMES)}")
-        overrides.append(f"runtime={opts.runtime}")
-    if opts.port is not None:
-        if opts.port == 0:
-            from sparkctl.server.ports import free_port
+    ov = opts.overrides
+    if ov.port == 0:  # any free port; `port_asked` still reads the 0 the user gave
+        from sparkctl.server.ports import free_port
 
-            overrides.append(f"serve.port={free_port()}")
-        else:
-            overrides.append(f"serve.port={opts.port}")
-    return load_recipe(opts.recipe, overrides)
+        ov = dataclasses.replace(ov, port=free_port())
+    return load(opts.recipe, ov)
+
+
+def _already_local(recipe: Any) -> Path | None:
+    """Where the model already is (no network, no write): planning with it lets `up` plan once."""
+    from sparkctl.models.fetch import local_model_path
+    from sparkctl.planner.build import model_source
+
+    return local_model_path(model_source(recipe))
 
 
 def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
     from sparkctl.planner import plan
 
     return plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
-
-
-def _port_asked(opts: UpOptions) -> bool:
-    """Did the user name a port (`--port N`, `--set serve.port=N`), rather than take the recipe's?"""
-    if opts.port is not None:
-        return opts.port != 0  # 0: any free port will do
-    return any(o.split("=", 1)[0].strip() == "serve.port" for o in opts.overrides)
 
 
 def _existing(plan: Plan, runtime: Runtime, rep: Reporter, *, port_asked: bool = False) -> ServerState | None:
@@ -358,7 +338,8 @@ def _stop_previous(plan: Plan, rep: Reporter) -> None:
 
 
 def _check_port(plan: Plan) -> None:
-    from sparkctl.server.ports import listener, port_is_free
+    """Another recipe of ours on the port is named as such; anything else through the one port check."""
+    from sparkctl.server.ports import ensure_free
 
     for other in state_files.load_all():
         if other.recipe == plan.recipe_name or other.port != plan.port:
@@ -372,21 +353,13 @@ def _check_port(plan: Plan) -> None:
                 f"port {plan.port} is taken by recipe {other.recipe} ({_where(other)})",
                 hint=f"stop it (sparkctl down {other.recipe}) or pick another port: --port N",
             )
-    if not port_is_free(plan.host, plan.port):
-        owner = listener(plan.port) or "another process"
-        raise UserError(
-            f"port {plan.port} on {plan.host} is already in use by {owner}",
-            hint="stop that server, or pick another port: --port N (or --port 0 for any free one)",
-        )
+    ensure_free(plan.host, plan.port)
 
 
 def _doctor(plan: Plan, rep: Reporter) -> str:
     """Run the doctor checks this launch needs; a `fail` stops `up` with that check's hint."""
-    try:
-        from sparkctl.doctor import run_checks
-    except ImportError:
-        rep.warn("doctor checks skipped: sparkctl.doctor is not available in this install")
-        return "skipped"
+    from sparkctl.doctor import run_checks
+
     only = doctor_checks_for(plan)
     checks = run_checks(plan, only=only)
     for c in checks:
@@ -402,11 +375,8 @@ def _prewarm(plan: Plan, files: list[Path], rep: Reporter) -> Any:
     if plan.load.prewarm == "never" and not plan.load.evict_after_load:
         rep.step("prewarm", "skipped (load.prewarm: never)")
         return None
-    try:
-        import prewarm
-    except ImportError:
-        rep.warn("pre-warm skipped: the prewarm package is not available in this install")
-        return None
+    import prewarm
+
     need = sum(f.stat().st_size for f in files) - sum(prewarm.resident_bytes(f) for f in files)
     decision = prewarm.decide(
         plan.load.prewarm,
@@ -448,13 +418,6 @@ def _fresh_log(recipe: str) -> Path:
     if path.exists():
         os.replace(path, path.with_name(path.name + ".1"))
     return path
-
-
-def _exit_detail(runtime: Runtime, server: ServerState) -> str | None:
-    fn = getattr(runtime, "exit_detail", None)
-    if fn is not None:
-        return fn(server)
-    return None if runtime.is_running(server) else "the server stopped"
 
 
 def _last_lines(runtime: Runtime, server: ServerState, n: int) -> list[str]:

@@ -8,82 +8,27 @@ torch. Data goes to stdout, warnings and messages to stderr, so `--json` output 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from sparkctl.commands import output
+from sparkctl.commands.options import json_option, model_path_option, output_option, set_option
 from sparkctl.errors import UserError
-
-set_option = click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY.PATH=VALUE",
-    help="Override a recipe field (value parsed as YAML), e.g. --set serve.max_model_len=32768. Repeatable.",
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-model_path_option = click.option(
-    "--model-path",
-    type=click.Path(exists=True, file_okay=True, dir_okay=True),
-    default=None,
-    help="A local model directory to plan with (mounted into the container for docker recipes).",
-)
-
-
-def _stderr() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _stdout() -> Any:
-    """A console for data (no syntax highlighting of numbers and paths)."""
-    from rich.console import Console
-
-    return Console(highlight=False)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory, then rename: a reader never sees half a file."""
-    path = path.expanduser()
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise UserError(f"cannot write {path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _emit(text: str, output: str | None) -> None:
-    if output:
-        _write_atomic(Path(output), text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
 
 
 def _warn(plan: Any) -> None:
-    if plan.warnings:
-        err = _stderr()
-        for w in plan.warnings:
-            err.print(f"[yellow]warning:[/yellow] {w}", markup=True)
+    for w in plan.warnings:
+        output.warn(w)
 
 
-def _load_and_plan(recipe: str, overrides: Sequence[str], model_path: str | None, check: bool = True) -> Any:
+def _load_and_plan(recipe: str, sets: Sequence[str], model_path: str | None, check: bool = True) -> Any:
     from sparkctl.planner import plan
-    from sparkctl.recipe import load_recipe
+    from sparkctl.recipe.overrides import load
 
-    r = load_recipe(recipe, overrides)
+    r = load(recipe, sets)
     return r, plan(r, model_path=model_path, check_memory=check)
 
 
@@ -103,16 +48,14 @@ def list_cmd(as_json: bool) -> None:
 
     entries = list_recipes()
     if as_json:
-        click.echo(json.dumps([asdict(e) for e in entries], indent=2))
+        output.json([asdict(e) for e in entries])
         return
     if not entries:
-        click.echo("No recipes found.", err=True)
+        output.text("No recipes found.", err=True)
         return
-    import sys
-
     from rich.table import Table
 
-    piped = not sys.stdout.isatty()
+    piped = not output.is_terminal()
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NAME", "MODEL", "FORMAT", "SIZE", "ENGINE", "RUNTIME"):
         table.add_column(col, no_wrap=True)
@@ -131,15 +74,7 @@ def list_cmd(as_json: bool) -> None:
         table.add_row(
             e.name, e.model, fmt, _size(e.size_bytes, e.size_is_estimate), e.engine, runtime, e.description
         )
-    if piped:
-        from rich.console import Console
-
-        console = Console(highlight=False, width=100_000, no_color=True)
-        with console.capture() as captured:
-            console.print(table)
-        click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
-    else:
-        _stdout().print(table)
+    output.table(table)
 
 
 @click.command("show", short_help="Show a recipe, its command and its memory plan.")
@@ -149,15 +84,15 @@ def list_cmd(as_json: bool) -> None:
 @json_option
 @click.option("--no-check", is_flag=True, help="Show the plan even when it does not fit in memory.")
 def show_cmd(
-    recipe: str, overrides: tuple[str, ...], model_path: str | None, as_json: bool, no_check: bool
+    recipe: str, sets: tuple[str, ...], model_path: str | None, as_json: bool, no_check: bool
 ) -> None:
     """Show RECIPE resolved (extends and --set applied), the command `up` runs, and its memory plan."""
     from sparkctl.planner.render import plan_to_dict, render_shell
 
-    r, p = _load_and_plan(recipe, overrides, model_path, check=not no_check)
+    r, p = _load_and_plan(recipe, sets, model_path, check=not no_check)
     resolved = r.model_dump(mode="json", by_alias=True, exclude_none=True)
     if as_json:
-        click.echo(json.dumps({"recipe": resolved, "plan": plan_to_dict(p)}, indent=2))
+        output.json({"recipe": resolved, "plan": plan_to_dict(p)})
         return
     import yaml
     from rich.rule import Rule
@@ -171,7 +106,7 @@ def show_cmd(
         resolved.pop("container", None)
     if r.cluster.nodes == 1 and r.cluster.tensor_parallel == 1 and r.cluster.pipeline_parallel == 1:
         resolved.pop("cluster", None)
-    out = _stdout()
+    out = output.console()
     out.print(Rule(f"recipe {r.name}", align="left"))
     text = yaml.safe_dump(resolved, sort_keys=False, width=100, allow_unicode=True)
     if out.is_terminal:
@@ -218,29 +153,29 @@ def _memory_table(m: Any, table_cls: Callable[..., Any]) -> Any:
 )
 @set_option
 @model_path_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
+@output_option
 def render_cmd(
-    recipe: str, fmt: str, overrides: tuple[str, ...], model_path: str | None, output: str | None
+    recipe: str, fmt: str, sets: tuple[str, ...], model_path: str | None, output_path: str | None
 ) -> None:
     """Print what `up RECIPE` would run, as a shell command, JSON, or a docker-compose file."""
     from sparkctl.planner.render import render
 
-    _, p = _load_and_plan(recipe, overrides, model_path)
+    _, p = _load_and_plan(recipe, sets, model_path)
     text = render(p, fmt)
     _warn(p)
-    _emit(text, output)
+    output.write_or_echo(text, output_path)
 
 
 @click.command("validate", short_help="Check recipe files: schema, flags and memory.")
 @click.argument("recipes", nargs=-1, required=True)
 @set_option
 @json_option
-def validate_cmd(recipes: tuple[str, ...], overrides: tuple[str, ...], as_json: bool) -> None:
+def validate_cmd(recipes: tuple[str, ...], sets: tuple[str, ...], as_json: bool) -> None:
     """Check recipe files (or built-in names): schema, flags and memory plan. Exit 2 if any is invalid."""
     results = []
     for source in _expand_dirs(recipes):
         try:
-            r, p = _load_and_plan(source, overrides, None)
+            r, p = _load_and_plan(source, sets, None)
         except UserError as exc:
             results.append(
                 {
@@ -265,15 +200,15 @@ def validate_cmd(recipes: tuple[str, ...], overrides: tuple[str, ...], as_json: 
         )
     bad = [res for res in results if not res["ok"]]
     if as_json:
-        click.echo(json.dumps(results, indent=2))
+        output.json(results)
     else:
         for res in results:
             if res["ok"]:
-                click.echo(f"ok: {res['source']} ({res['name']})")
+                output.text(f"ok: {res['source']} ({res['name']})")
                 for w in res["warnings"]:
-                    click.echo(f"  warning: {w}", err=True)
+                    output.text(f"  warning: {w}", err=True)
             else:
-                click.echo(f"invalid: {res['error']}", err=True)
+                output.text(f"invalid: {res['error']}", err=True)
     if bad:
         raise UserError(f"{len(bad)} of {len(results)} recipe(s) invalid")
 
@@ -294,9 +229,11 @@ def _expand_dirs(sources: Sequence[str]) -> list[str]:
 
 
 @click.command("schema", short_help="Print the recipe JSON Schema.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to a file.")
-def schema_cmd(output: str | None) -> None:
+@output_option
+def schema_cmd(output_path: str | None) -> None:
     """Print the recipe JSON Schema (point your editor's YAML language server at it)."""
+    import json
+
     from sparkctl.recipe.schema import recipe_json_schema
 
-    _emit(json.dumps(recipe_json_schema(), indent=2) + "\n", output)
+    output.write_or_echo(json.dumps(recipe_json_schema(), indent=2) + "\n", output_path)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from sparkctl.commands import output
+from sparkctl.commands.options import json_option, set_option
+
 
 @click.command("doctor", short_help="Check the host (GPU, driver, Docker, memory, disk) for a recipe.")
 @click.argument("recipe", required=False)
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a recipe field.")
+@set_option
 @click.option(
     "--only",
     "only",
@@ -18,8 +20,8 @@ import click
     metavar="CHECK",
     help="Run only this check (repeatable): arch, gpu, driver, docker, nvidia-runtime, memory, disk, hf-token.",
 )
-@click.option("--json", "json_out", is_flag=True, help="Print the checks as JSON.")
-def doctor_cmd(recipe: str | None, overrides: tuple[str, ...], only: tuple[str, ...], json_out: bool) -> int:
+@json_option
+def doctor_cmd(recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...], as_json: bool) -> int:
     """Check the host: arch, GPU, driver/CUDA, Docker and the NVIDIA runtime, memory, disk, HF token.
 
     With RECIPE, the checks are scoped to what that recipe needs (its runtime, device, memory plan
@@ -31,21 +33,21 @@ def doctor_cmd(recipe: str | None, overrides: tuple[str, ...], only: tuple[str, 
     the_plan = None
     if recipe:
         from sparkctl.planner import plan
-        from sparkctl.recipe import load_recipe
+        from sparkctl.recipe.overrides import load
 
-        loaded = load_recipe(recipe, overrides)
+        loaded = load(recipe, sets)
         the_plan = plan(loaded, check_memory=False)  # doctor reports a plan that cannot fit, as a fail
-    elif overrides:
+    elif sets:
         raise UserError("--set needs a RECIPE")
     checks = run_checks(the_plan, only=only or None)
     failed = any(c.status == "fail" for c in checks)
-    if json_out:
+    if as_json:
         payload: dict[str, Any] = {
             "recipe": recipe,
             "ok": not failed,
             "checks": [c.to_dict() for c in checks],
         }
-        click.echo(json.dumps(payload, indent=2))
+        output.json(payload)
     else:
         _table(checks, recipe)
     click.get_current_context().exit(1 if failed else 0)
@@ -53,7 +55,6 @@ def doctor_cmd(recipe: str | None, overrides: tuple[str, ...], only: tuple[str, 
 
 
 def _table(checks: list[Any], recipe: str | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
@@ -64,8 +65,7 @@ def _table(checks: list[Any], recipe: str | None) -> None:
     table.add_column("fix")
     for c in checks:
         table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.hint or "")
-    console = Console()
-    console.print(table)
+    output.table(table)
     fails = sum(c.status == "fail" for c in checks)
     warns = sum(c.status == "warn" for c in checks)
-    console.print(f"{fails} failed, {warns} warning(s), {len(checks) - fails - warns} passed")
+    output.text(f"{fails} failed, {warns} warning(s), {len(checks) - fails - warns} passed")

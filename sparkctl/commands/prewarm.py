@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from prewarm.cli import execute, options_from, prewarm_options
+from sparkctl.commands.options import set_option
 from sparkctl.errors import RuntimeFailure, UserError
 
 
@@ -23,23 +24,18 @@ def _is_path(target: str) -> bool:
     return p.exists() or os.sep in target or target.startswith((".", "~"))
 
 
-def resolve_targets(targets: tuple[str, ...], overrides: tuple[str, ...]) -> tuple[list[str], int | None]:
+def resolve_targets(targets: tuple[str, ...], sets: tuple[str, ...]) -> tuple[list[str], int | None]:
     """Paths to warm and the recipe's `load.workers` (None for plain paths)."""
     if len(targets) > 1 or _is_path(targets[0]):
-        if overrides:
+        if sets:
             raise UserError("--set applies to a recipe, not to paths")
         return [str(Path(t).expanduser()) for t in targets], None
     name = targets[0]
-    try:
-        from sparkctl.models.fetch import local_model_path
-        from sparkctl.planner import plan
-        from sparkctl.recipe import load_recipe
-    except ImportError as exc:
-        raise UserError(
-            f"cannot resolve recipe {name!r}: recipe support is missing from this install ({exc.name})",
-            hint="pass the model directory instead: sparkctl prewarm PATH",
-        ) from None
-    recipe = load_recipe(name, overrides)
+    from sparkctl.models.fetch import local_model_path
+    from sparkctl.planner import plan
+    from sparkctl.recipe.overrides import load
+
+    recipe = load(name, sets)
     the_plan = plan(recipe, check_memory=False)
     local = local_model_path(the_plan.model)
     if local is None:
@@ -53,9 +49,9 @@ def resolve_targets(targets: tuple[str, ...], overrides: tuple[str, ...]) -> tup
 
 @click.command("prewarm", short_help="Warm, evict or measure a model's shards in the page cache.")
 @click.argument("targets", nargs=-1, required=True, metavar="RECIPE|PATH...")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a recipe field.")
+@set_option
 @prewarm_options
-def prewarm_cmd(targets: tuple[str, ...], overrides: tuple[str, ...], **kwargs: Any) -> int:
+def prewarm_cmd(targets: tuple[str, ...], sets: tuple[str, ...], **kwargs: Any) -> int:
     """Warm a model's shards into the page cache with parallel readers, or evict / measure them.
 
     \b
@@ -66,7 +62,7 @@ def prewarm_cmd(targets: tuple[str, ...], overrides: tuple[str, ...], **kwargs: 
     """
     from prewarm.errors import PrewarmError
 
-    paths, recipe_workers = resolve_targets(targets, overrides)
+    paths, recipe_workers = resolve_targets(targets, sets)
     try:
         code = execute(paths, options_from(kwargs, default_workers=recipe_workers or 8))
     except PrewarmError as exc:

@@ -160,7 +160,6 @@ class ModelSpec(Strict):
         return self
 
 
-
 class EngineSpec(Strict):
     """Which inference engine serves the model, and the versions it was validated with."""
 

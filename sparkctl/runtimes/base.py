@@ -50,3 +50,10 @@ class Runtime(Protocol):
         """Stop and remove everything `start` created. Idempotent: a gone server is not an error."""
 
     def logs(self, state: ServerState, *, tail: int | None = None, follow: bool = False) -> Iterator[str]: ...
+
+    def exit_detail(self, state: ServerState) -> str | None:
+        """Why the server is not running ("exited with code 1", "OOM-killed"), None while it runs: the
+        health gate says *how* a server died during start-up, not only that it did."""
+
+    def stats(self, state: ServerState) -> dict[str, int] | None:
+        """What `status` shows about a running server: at least `memory_bytes`; None when it is not running."""

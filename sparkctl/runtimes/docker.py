@@ -16,18 +16,18 @@ import contextlib
 import functools
 import os
 import posixpath
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 
+from sparkctl.atomic import write_atomic
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
-from sparkctl.server.ports import listener, port_is_free
+from sparkctl.server.ports import ensure_free
 
 if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
     import docker
@@ -185,17 +185,6 @@ def _start_hint(text: str) -> str:
     return "check the recipe's container settings (image, mounts, ulimits) and the Docker daemon's log"
 
 
-def port_owner(host: str, port: int) -> str | None:
-    """Who listens on `port`, as "pid N (cmdline)" when psutil can tell, else None if it is free.
-
-    Containers run on the host network, so a taken port would otherwise surface only as vLLM's
-    "address already in use" deep in the container log after the image has started.
-    """
-    if port_is_free(host, port):
-        return None
-    return listener(port) or "another process"
-
-
 class DockerRuntime:
     """Runtime protocol implementation for `runtime: docker` recipes (see sparkctl.runtimes.base)."""
 
@@ -239,12 +228,9 @@ class DockerRuntime:
         name = spec.name or container_name_for(plan.recipe_name)
         self._clear_name(name, plan.recipe_name)
 
-        owner = port_owner(plan.host, plan.port)
-        if owner is not None:
-            raise RuntimeFailure(
-                f"port {plan.port} is already in use by {owner}",
-                hint=f"stop it, or choose another port: --set serve.port=<port> (recipe {plan.recipe_name})",
-            )
+        # Host network: a taken port would otherwise surface only as the engine's "address already in
+        # use" deep in the container log, after the image has started.
+        ensure_free(plan.host, plan.port)
 
         if not plan.argv:
             raise UserError(f"recipe {plan.recipe_name} produced an empty engine command line")
@@ -336,15 +322,12 @@ class DockerRuntime:
             kwargs["shm_size"] = spec.shm_size
         if spec.gpus:
             kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        # Newer ContainerSpec fields, read with getattr so older plans keep working.
-        devices = tuple(getattr(spec, "devices", ()) or ())
-        if devices:
-            kwargs["devices"] = [d if ":" in d else f"{d}:{d}:rwm" for d in devices]
-        memory_limit = getattr(spec, "memory_limit", None)
-        if memory_limit:
+        if spec.devices:
+            kwargs["devices"] = [d if ":" in d else f"{d}:{d}:rwm" for d in spec.devices]
+        if spec.memory_limit:
             # Same cap for memory+swap: a runaway load becomes a container OOM, not a host-wide one.
-            kwargs["mem_limit"] = memory_limit
-            kwargs["memswap_limit"] = memory_limit
+            kwargs["mem_limit"] = spec.memory_limit
+            kwargs["memswap_limit"] = spec.memory_limit
         return kwargs
 
     def _clear_name(self, name: str, recipe: str) -> None:
@@ -486,16 +469,7 @@ class DockerRuntime:
             return
         path = Path(state.log_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = container.logs(stdout=True, stderr=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, container.logs(stdout=True, stderr=True))
 
     # -- logs ---------------------------------------------------------------------------------------
 

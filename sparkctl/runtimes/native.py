@@ -35,6 +35,15 @@ from sparkctl.runtimes.shm import held_segments, remove_leftovers
 _CREATE_TIME_SLACK_S = 0.001
 
 
+def require_executable(plan: Plan) -> None:
+    """The one executable check: `up` runs it before a download of many GB, `start` again before it spawns."""
+    if plan.argv and shutil.which(plan.argv[0]) is None:
+        raise RuntimeFailure(
+            f"cannot start {plan.recipe_name}: executable {plan.argv[0]!r} not found",
+            hint="install the engine (for vLLM on the CPU: make install-vllm) or set engine.entrypoint",
+        )
+
+
 class NativeRuntime:
     """Runtime protocol implementation for a host process (see sparkctl.runtimes.base.Runtime)."""
 
@@ -59,12 +68,7 @@ class NativeRuntime:
         """Spawn `plan.argv` with `plan.env` in a new session; stdout and stderr go to `log_path`."""
         if not plan.argv:
             raise RuntimeFailure(f"recipe {plan.recipe_name}: the plan has an empty command line")
-        exe = plan.argv[0]
-        if shutil.which(exe) is None:
-            raise RuntimeFailure(
-                f"cannot start {plan.recipe_name}: executable {exe!r} not found",
-                hint="install the engine (for vLLM on the CPU: make install-vllm) or set engine.entrypoint",
-            )
+        require_executable(plan)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **plan.env}
         # Unbuffered so the health gate's "last log line" is the server's latest, not one a pipe holds.
@@ -138,8 +142,6 @@ class NativeRuntime:
         return follow_file(
             Path(state.log_path), tail=tail, follow=follow, alive=lambda: self.is_running(state)
         )
-
-    # -- extras used by the health gate and `status` (same names as the docker runtime's) ------------
 
     def exit_detail(self, state: ServerState) -> str | None:
         """Why the server is not running ("exited with code 1", "killed by SIGKILL"), None while it runs."""

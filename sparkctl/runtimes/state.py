@@ -12,12 +12,12 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
 from sparkctl import paths
+from sparkctl.atomic import write_atomic
 from sparkctl.errors import RuntimeFailure
 from sparkctl.runtimes.base import ServerState
 
@@ -41,21 +41,10 @@ def log_path(recipe: str) -> Path:
 
 
 def save(state: ServerState) -> Path:
-    """Write atomically: temp file in the target directory, fsync, rename."""
+    """Write atomically (temp file, fsync, rename): a crash never leaves half a record."""
     target = state_path(state.recipe)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(state.to_json(), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomic(target, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n", fsync=True)
 
 
 def _from_dict(data: dict, source: Path) -> ServerState:

@@ -9,6 +9,10 @@ from __future__ import annotations
 import contextlib
 import socket
 
+from sparkctl.errors import UserError
+
+PORT_HINT = "stop that server, or pick another port: --port N (or --port 0 for any free one)"
+
 
 def port_is_free(host: str, port: int) -> bool:
     """True if a server could bind `host:port` right now (SO_REUSEADDR, as uvicorn binds)."""
@@ -21,6 +25,15 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def ensure_free(host: str, port: int) -> None:
+    """The one port check (`up` before anything costly, the docker runtime again right before it creates
+    the container): a taken port is a UserError naming its owner, with one hint."""
+    if port_is_free(host, port):
+        return
+    owner = listener(port) or "another process"
+    raise UserError(f"port {port} on {host} is already in use by {owner}", hint=PORT_HINT)
 
 
 def listener(port: int) -> str | None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from dockerkit import fake_hf_snapshot, free_port, host_python, make_plan, wait_for
 
-from sparkctl.errors import RuntimeFailure
+from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.planner.types import ContainerSpec, Mount
 from sparkctl.runtimes.docker import (
     LABEL_MANAGED,
@@ -166,10 +166,10 @@ def test_port_taken_names_the_owner(runtime, tmp_path, docker_client) -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        with pytest.raises(RuntimeFailure) as err:
+        with pytest.raises(UserError) as err:
             runtime.start(http_server_plan("c2-port", port), tmp_path / "l")
-    assert str(err.value).startswith(f"port {port} is already in use by pid {os.getpid()} ")
-    assert "--set serve.port=" in (err.value.hint or "")
+    assert str(err.value).startswith(f"port {port} on 127.0.0.1 is already in use by pid {os.getpid()} ")
+    assert "--port N" in (err.value.hint or "")
     assert not docker_client.containers.list(all=True, filters={"name": "sparkctl-c2-port"})
 
 

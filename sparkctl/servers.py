@@ -1,0 +1,160 @@
+"""The servers sparkctl started, as records: find one by recipe, say whether it can answer, list them with
+live health, stop them, read their logs. `down`, `status`, `logs` and `chat` only parse and render these.
+
+A recipe is named as in `up`: a built-in name, or a YAML path whose recipe name (inside the file) is what
+the state file is keyed by.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.runtimes import state as state_files
+from sparkctl.runtimes.base import ServerState
+from sparkctl.runtimes.registry import get_runtime
+
+
+def recipe_name(recipe: str) -> str:
+    """The recipe name behind a YAML path (`up my.yaml` runs the recipe named inside it); a name as is."""
+    if not (recipe.endswith((".yaml", ".yml")) or "/" in recipe):
+        return recipe
+    try:
+        from sparkctl.recipe import load_recipe
+
+        return str(load_recipe(recipe).name)
+    except UserError:
+        return recipe
+
+
+def find_state(recipe: str) -> ServerState | None:
+    """The recorded server of RECIPE (a name or a YAML path), or None."""
+    found = state_files.load(recipe)
+    if found is not None:
+        return found
+    name = recipe_name(recipe)
+    return state_files.load(name) if name != recipe else None
+
+
+def known_recipe(recipe: str) -> None:
+    """Raise the loader's UserError (exit 2, with "did you mean") when RECIPE has never run here and is neither a
+    built-in name nor an existing YAML file: `down`/`status` of a misspelt name answered "not running" and exit
+    0, which a user (or a script) takes for "stopped". A name with a kept log ran here (`up my.yaml` runs the
+    recipe named inside it), so stopping it again stays fine."""
+    if state_files.log_path(recipe_name(recipe)).exists():
+        return
+    from sparkctl.recipe.loader import resolve_source
+
+    resolve_source(recipe)
+
+
+def ready_for_chat(st: ServerState) -> None:
+    """Say why a server cannot answer (stopped, still starting) instead of a bare 'connection refused'."""
+    from sparkctl.server.client import probe_health
+
+    if not get_runtime(st.runtime).is_running(st):
+        raise UserError(
+            f"{st.recipe} is not running: its server stopped",
+            hint=f"see why: sparkctl logs {st.recipe}; start it again: sparkctl up {st.recipe}",
+        )
+    if state_files.is_starting(st.recipe) and not probe_health(st.base_url, timeout_s=2.0):
+        raise RuntimeFailure(
+            f"{st.recipe} is still starting",
+            hint=f"wait for `sparkctl up {st.recipe}` to finish; follow it: sparkctl logs -f {st.recipe}",
+        )
+
+
+def chat_target(recipe: str | None) -> ServerState:
+    """The server `chat` talks to: RECIPE's, or the only one running; checked ready to answer."""
+    if recipe is None:
+        running = state_files.load_all()
+        if len(running) != 1:
+            names = ", ".join(s.recipe for s in running) or "none"
+            raise UserError(f"name the recipe to chat with (running: {names})")
+        st = running[0]
+    else:
+        found = find_state(recipe)
+        if found is None:
+            raise UserError(f"{recipe} is not running", hint=f"start it: sparkctl up {recipe}")
+        st = found
+    ready_for_chat(st)
+    return st
+
+
+def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
+    """One record per recorded server, with a live health probe and its memory in use."""
+    from sparkctl.server.client import probe_health
+
+    states = state_files.load_all()
+    if recipe is not None:
+        names = {recipe, recipe_name(recipe)}
+        states = [s for s in states if s.recipe in names]
+    rows: list[dict[str, Any]] = []
+    for st in states:
+        err: str | None = None
+        try:
+            rt = get_runtime(st.runtime)
+            running = rt.is_running(st)
+            stats = rt.stats(st) if running else None
+        except RuntimeFailure as exc:  # e.g. the Docker daemon went away
+            running, stats, err = False, None, str(exc)
+        if not running:
+            health = "stopped"
+        else:
+            health = "healthy" if probe_health(st.base_url, timeout_s=2.0) else "unhealthy"
+            if health == "unhealthy" and state_files.is_starting(st.recipe):
+                health = "starting"  # an `up` is still waiting for it: not (yet) a problem
+        rows.append(
+            {
+                "recipe": st.recipe,
+                "runtime": st.runtime,
+                "port": st.port,
+                "base_url": st.base_url,
+                "model": st.served_model_name,
+                "pid": st.pid,
+                "container": st.container_name,
+                "started_at": st.started_at,
+                "uptime_s": round(max(0.0, time.time() - st.started_at), 1),
+                "health": health,
+                "memory_bytes": (stats or {}).get("memory_bytes"),
+                "log_path": st.log_path,
+                "error": err,
+            }
+        )
+    return rows
+
+
+def to_stop(recipe: str | None, all_: bool) -> list[ServerState]:
+    """What `down RECIPE` / `down --all` stops; [] when nothing runs (a misspelt RECIPE is a UserError)."""
+    if all_ and recipe:
+        raise UserError("give a RECIPE or --all, not both")
+    if all_:
+        return state_files.load_all()
+    if not recipe:
+        raise UserError("name the recipe to stop, or use --all", hint="see what runs: sparkctl status")
+    found = find_state(recipe)
+    if found is None:
+        known_recipe(recipe)  # a typo must not read as "stopped"
+        return []
+    return [found]
+
+
+def stop(st: ServerState, *, timeout_s: float = 30.0) -> None:
+    """Stop the server and forget it (the state file goes only once it is stopped)."""
+    get_runtime(st.runtime).stop(st, timeout_s=timeout_s)
+    state_files.remove(st.recipe)
+
+
+def log_lines(recipe: str, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
+    """The server log of RECIPE; also after a failed `up` or a `down` (the last log is kept)."""
+    st = find_state(recipe)
+    if st is not None:
+        return get_runtime(st.runtime).logs(st, tail=tail, follow=follow)
+    from sparkctl.runtimes.native import follow_file
+
+    path = state_files.log_path(recipe_name(recipe))
+    if not path.exists():
+        raise UserError(f"no logs for {recipe}: it is not running and has not run", hint="sparkctl status")
+    return follow_file(path, tail=tail)
