@@ -66,9 +66,12 @@ golden: install ## after an intended recipe/planner change: regenerate tests/pla
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/planner/test_golden_commands.py
 	$(BIN)/python -m sparkctl.recipe.reference > recipes/README.md.tmp && mv recipes/README.md.tmp recipes/README.md
 
-lint: install ## ruff
+# lint-imports checks the layer contracts of pyproject.toml ([tool.importlinter]); `make test` checks them
+# too (tests/test_layers.py), as CI runs only that.
+lint: install ## ruff, and the import contracts between layers (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/lint-imports --no-cache
 
 fmt: install
 	$(BIN)/ruff format .
