@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
+from plans import build_plan
+
+from sparkctl.planner.types import ContainerSpec, ModelSource, Mount, Plan
 from sparkctl.runtimes.docker import LABEL_MANAGED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,19 +66,14 @@ def make_plan(
     **container: object,
 ) -> Plan:
     """A docker Plan built by hand: these tests exercise the runtime, not the planner."""
-    return Plan(
+    return build_plan(
         recipe_name=name,
         recipe_hash=f"hash-of-{name}",
         runtime="docker",
-        engine="vllm",
-        argv=tuple(argv),
+        argv=argv,
         env=env or {},
-        host="127.0.0.1",
         port=port,
-        served_model_name=name,
         model=ModelSource(path="/nonexistent"),
-        load=LoadPolicy(prewarm="never"),
-        memory=None,
         health_timeout_s=60,
         container=ContainerSpec(
             image=image,

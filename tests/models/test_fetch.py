@@ -25,12 +25,6 @@ SHARDS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("SPARKCTL_CACHE_DIR", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def hf_cache(tmp_path) -> Path:
     """A populated HF cache: blobs named by content hash, a snapshot of symlinks, refs/main -> commit."""

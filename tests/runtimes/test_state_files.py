@@ -28,10 +28,10 @@ def _state(recipe: str = "tiny", port: int = 18001) -> ServerState:
     )
 
 
-def test_round_trip_under_the_state_dir(tmp_path):
+def test_round_trip_under_the_state_dir(isolated_dirs):
     path = state.save(_state())
     assert path == paths.state_dir() / "servers" / "tiny.json"
-    assert str(path).startswith(str(tmp_path))  # the autouse fixture redirected it
+    assert str(path).startswith(str(isolated_dirs))  # the autouse fixture redirected it
     assert state.load("tiny") == _state()
     assert json.loads(path.read_text())["port"] == 18001
     assert [s.recipe for s in state.load_all()] == ["tiny"]
