@@ -7,9 +7,7 @@ torch. Data goes to stdout, warnings and messages to stderr, so `--json` output 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import click
@@ -25,11 +23,9 @@ def _warn(plan: Any) -> None:
 
 
 def _load_and_plan(recipe: str, sets: Sequence[str], model_path: str | None, check: bool = True) -> Any:
-    from sparkctl.planner import plan
-    from sparkctl.recipe.overrides import load
+    from sparkctl.plans import load_and_plan
 
-    r = load(recipe, sets)
-    return r, plan(r, model_path=model_path, check_memory=check)
+    return load_and_plan(recipe, sets, model_path=model_path, check_memory=check)
 
 
 def _size(n: int | None, estimate: bool = False) -> str:
@@ -172,32 +168,9 @@ def render_cmd(
 @json_option
 def validate_cmd(recipes: tuple[str, ...], sets: tuple[str, ...], as_json: bool) -> None:
     """Check recipe files (or built-in names): schema, flags and memory plan. Exit 2 if any is invalid."""
-    results = []
-    for source in _expand_dirs(recipes):
-        try:
-            r, p = _load_and_plan(source, sets, None)
-        except UserError as exc:
-            results.append(
-                {
-                    "source": source,
-                    "ok": False,
-                    "name": None,
-                    "error": str(exc),
-                    "warnings": [],
-                    "memory": None,
-                }
-            )
-            continue
-        results.append(
-            {
-                "source": source,
-                "ok": True,
-                "name": r.name,
-                "error": None,
-                "warnings": list(p.warnings),
-                "memory": dataclasses.asdict(p.memory) if p.memory else None,
-            }
-        )
+    from sparkctl.plans import validation_records
+
+    results = validation_records(recipes, sets)
     bad = [res for res in results if not res["ok"]]
     if as_json:
         output.json(results)
@@ -211,21 +184,6 @@ def validate_cmd(recipes: tuple[str, ...], sets: tuple[str, ...], as_json: bool)
                 output.text(f"invalid: {res['error']}", err=True)
     if bad:
         raise UserError(f"{len(bad)} of {len(results)} recipe(s) invalid")
-
-
-def _expand_dirs(sources: Sequence[str]) -> list[str]:
-    """A directory stands for every .yaml/.yml file in it (e.g. `sparkctl validate recipes/`)."""
-    out: list[str] = []
-    for source in sources:
-        path = Path(source)
-        if path.is_dir():
-            found = sorted(str(p) for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
-            if not found:
-                raise UserError(f"no .yaml files in {source}")
-            out.extend(found)
-        else:
-            out.append(source)
-    return out
 
 
 @click.command("schema", short_help="Print the recipe JSON Schema.")

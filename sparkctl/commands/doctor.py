@@ -32,11 +32,10 @@ def doctor_cmd(recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...],
 
     the_plan = None
     if recipe:
-        from sparkctl.planner import plan
-        from sparkctl.recipe.overrides import load
+        from sparkctl.plans import load_and_plan
 
-        loaded = load(recipe, sets)
-        the_plan = plan(loaded, check_memory=False)  # doctor reports a plan that cannot fit, as a fail
+        # a plan that cannot fit is reported by the memory check, as a fail
+        _, the_plan = load_and_plan(recipe, sets, check_memory=False)
     elif sets:
         raise UserError("--set needs a RECIPE")
     checks = run_checks(the_plan, only=only or None)

@@ -30,21 +30,10 @@ def resolve_targets(targets: tuple[str, ...], sets: tuple[str, ...]) -> tuple[li
         if sets:
             raise UserError("--set applies to a recipe, not to paths")
         return [str(Path(t).expanduser()) for t in targets], None
-    name = targets[0]
-    from sparkctl.models.fetch import local_model_path
-    from sparkctl.planner import plan
-    from sparkctl.recipe.overrides import load
+    from sparkctl.plans import local_model_dir
 
-    recipe = load(name, sets)
-    the_plan = plan(recipe, check_memory=False)
-    local = local_model_path(the_plan.model)
-    if local is None:
-        src = the_plan.model.repo or the_plan.model.path or the_plan.model.generate
-        raise UserError(
-            f"recipe {name}: its model ({src}) is not on this machine yet",
-            hint=f"`sparkctl up {name}` fetches it; or pass a model directory",
-        )
-    return [str(local)], the_plan.load.workers
+    local, workers = local_model_dir(targets[0], sets)
+    return [str(local)], workers
 
 
 @click.command("prewarm", short_help="Warm, evict or measure a model's shards in the page cache.")
