@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "schema": "sparkctl.commands.catalog:schema_cmd",
     "doctor": "sparkctl.commands.doctor:doctor_cmd",
     "prewarm": "sparkctl.commands.prewarm:prewarm_cmd",
+    "prepare": "sparkctl.commands.prepare:prepare_cmd",
     "up": "sparkctl.commands.lifecycle:up_cmd",
     "down": "sparkctl.commands.lifecycle:down_cmd",
     "status": "sparkctl.commands.lifecycle:status_cmd",

@@ -1,7 +1,7 @@
 """`sparkctl up`: from a recipe name to a healthy, smoke-tested OpenAI endpoint, one visible stage at a time.
 
 validate -> plan -> (dry run stops here) -> already up? -> port free? -> doctor -> image -> fetch ->
-memory plan -> prewarm -> launch -> health -> smoke -> summary.
+prepare -> memory plan -> prewarm -> launch -> health -> smoke -> summary.
 
 Cheap checks come before expensive ones: a missing image or a taken port is reported before a model
 download or a pre-warm of tens of GB. Once something is launched its state file is written at once,
@@ -188,6 +188,15 @@ def _start(
     size = sum(f.stat().st_size for f in files)
     timings["fetch"] = time.monotonic() - t
     rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])
+    if plan.model.prepare is not None:  # serve an overlay with the pack's fix-ups; the download stays as is
+        from sparkctl.prepare import prepare_model
+
+        t = time.monotonic()
+        _, prepared = prepare_model(plan.model, model_path)
+        assert prepared is not None
+        model_path = prepared.overlay
+        timings["prepare"] = time.monotonic() - t
+        rep.step("prepare", prepared.summary(), timings["prepare"])
 
     if planned_with is None or planned_with.resolve() != model_path.resolve():
         # the model was not here when `up` planned (a first download or generation): plan again with it,

@@ -112,6 +112,16 @@ def show_cmd(
     out.print(Rule("command", align="left"))
     # soft_wrap: never insert line breaks into the command, so it stays copy-pasteable at any width
     out.print(render_shell(p), markup=False, highlight=False, soft_wrap=True, end="")
+    if p.model.prepare is not None:
+        from sparkctl.prepare.report import prepare_lines
+
+        out.print(Rule("prepare", align="left"))
+        for line in prepare_lines(p.model):
+            out.print(
+                f"  - {line}" if not line.startswith("  ") else f"    {line.strip()}",
+                markup=False,
+                soft_wrap=True,
+            )
     out.print(Rule("memory plan", align="left"))
     out.print(_memory_table(p.memory, Table))
     for note in (*p.memory.notes, *p.notes):

@@ -11,6 +11,20 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
+class PrepareSteps:
+    """What the prepare stage makes of a pack before the engine loads it (recipe `model.prepare`).
+
+    Done in an overlay directory of links (`overlay`, keyed by the pack and its revision): the
+    download itself is never written.
+    """
+
+    index: bool = False  # regenerate model.safetensors.index.json from every tensor file's header
+    config: bool = False  # rewrite config.json's quantization_config for the exl3 plugin
+    chat_template: str | None = None  # a template shipped in sparkctl/prepare/templates, by name
+    overlay: str = ""  # host directory the prepared pack appears in
+
+
+@dataclass(frozen=True)
 class ModelSource:
     """Where the weights come from; exactly one of repo / path / generate is set."""
 
@@ -23,3 +37,4 @@ class ModelSource:
     expected_shards: int | None = None
     expected_bytes: int | None = None
     needs_token: bool = False  # gated repo: doctor checks for an HF token
+    prepare: PrepareSteps | None = None  # served from a prepared overlay instead of the download

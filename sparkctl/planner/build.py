@@ -16,6 +16,7 @@ from sparkctl.errors import UserError
 from sparkctl.models.generators import GENERATORS
 from sparkctl.planner.engines import check_extra_args, check_kv_dtype, llamacpp_argv, vllm_argv
 from sparkctl.planner.memory import gib, plan_memory
+from sparkctl.models.source import PrepareSteps
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
 
 CONTAINER_MODEL_ROOT = "/models"
@@ -56,7 +57,27 @@ def model_source(recipe: Any) -> ModelSource:
         expected_shards=m.expected_shards,
         expected_bytes=m.expected_bytes,
         needs_token=m.gated,
+        prepare=prepare_steps(recipe),
     )
+
+
+def prepare_steps(recipe: Any) -> PrepareSteps | None:
+    """The recipe's prepare steps with the overlay they produce (the engine is pointed there)."""
+    m, p = recipe.model, recipe.model.prepare
+    if p is None:
+        return None
+    from sparkctl.prepare.layout import overlay_dir
+
+    overlay = overlay_dir(
+        repo=m.repo,
+        revision=m.revision,
+        path=m.path,
+        generate=m.generate,
+        index=p.index,
+        config=p.config,
+        chat_template=p.chat_template,
+    )
+    return PrepareSteps(index=p.index, config=p.config, chat_template=p.chat_template, overlay=str(overlay))
 
 
 def _abs(path: str) -> str:
@@ -96,6 +117,9 @@ def _local_dir(recipe: Any, model_path: str | None) -> str | None:
     if model_path:
         return _abs(model_path)
     m = recipe.model
+    steps = prepare_steps(recipe)
+    if steps is not None:
+        return steps.overlay  # `up` prepares it from the download, then serves it
     if m.path:
         return _abs(m.path)
     if m.generate:
@@ -164,6 +188,10 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
 
     if recipe.engine.name == "vllm":
         argv = vllm_argv(recipe, entrypoint, model_arg, revision)
+        if recipe.model.prepare is not None and recipe.model.prepare.chat_template:
+            from sparkctl.prepare.plan import CHAT_TEMPLATE_NAME
+
+            argv += ["--chat-template", f"{model_arg}/{CHAT_TEMPLATE_NAME}"]
     else:
         argv = llamacpp_argv(recipe, entrypoint, gguf_model)
 
@@ -176,6 +204,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             mounts.append(Mount(source=_abs(c.hf_cache), target=CONTAINER_HF_CACHE))
         for mnt in c.mounts:
             mounts.append(Mount(source=_abs(mnt.source), target=mnt.target, read_only=mnt.read_only))
+        if model_source(recipe).prepare is not None and local == model_source(recipe).prepare.overlay:
+            for root in _overlay_link_roots(recipe):  # the overlay's links resolve in the container too
+                mounts.append(Mount(source=root, target=root, read_only=True))
         container = ContainerSpec(
             image=c.image,
             name=c.name or f"sparkctl-{recipe.name}",
@@ -241,6 +272,30 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         warnings=tuple(warnings),
         notes=tuple(notes),
     )
+
+
+def _overlay_link_roots(recipe: Any) -> list[str]:
+    """Host directories the prepare overlay's links point into, mounted at their own path.
+
+    From the overlay itself once it exists; before that, where the download will be: the repo's blob
+    store in the mounted HF cache, or the local model directory.
+    """
+    steps = model_source(recipe).prepare
+    assert steps is not None
+    overlay = Path(steps.overlay)
+    if overlay.is_dir():
+        roots = {str(Path(os.path.realpath(p)).parent) for p in overlay.rglob("*") if p.is_symlink()}
+        return sorted(roots)
+    m = recipe.model
+    if m.repo and recipe.container.hf_cache:
+        return [
+            os.path.join(
+                _abs(recipe.container.hf_cache), "hub", "models--" + m.repo.replace("/", "--"), "blobs"
+            )
+        ]
+    if m.path:
+        return [os.path.realpath(_abs(m.path))]
+    return []
 
 
 def _fit_hint(recipe: Any) -> str:

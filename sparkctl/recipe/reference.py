@@ -14,6 +14,7 @@ from typing import Any
 BLOCKS = [
     ("model", "ModelSpec"),
     ("model.kv", "KVGeometry"),
+    ("model.prepare", "PrepareSpec"),
     ("engine", "EngineSpec"),
     ("serve", "ServeSpec"),
     ("serve.speculative", "Speculative"),

@@ -70,6 +70,54 @@ class KVGeometry(Strict):
         return self
 
 
+class PrepareSpec(Strict):
+    """What the prepare stage makes of a published pack before vLLM loads it (never editing the download).
+
+    `up` (and `sparkctl prepare`) builds an overlay directory of links to the downloaded files plus the
+    files rewritten here, under the sparkctl cache, keyed by the pack and its revision; the engine is
+    pointed at the overlay. Deleting the overlay undoes it (`sparkctl prepare RECIPE --remove`).
+    """
+
+    index: Annotated[
+        bool,
+        Field(
+            default=False,
+            description="Regenerate model.safetensors.index.json from every *.safetensors file's header "
+            "(a shipped index that omits files, e.g. an n-gram table, makes vLLM skip their tensors).",
+        ),
+    ]
+    config: Annotated[
+        bool,
+        Field(
+            default=False,
+            description="Rewrite config.json as the exl3 plugin reads it: quantization_config declared at "
+            "the top level (a stale text_config one removed), codebook from the tensor markers, the n-gram "
+            "table described, tie_word_embeddings off when the pack stores its own lm_head.",
+        ),
+    ]
+    chat_template: Annotated[
+        str | None,
+        Field(
+            default=None,
+            description="A chat template shipped with sparkctl (sparkctl/prepare/templates/NAME.jinja), "
+            "written into the overlay as chat_template.jinja and passed as --chat-template.",
+        ),
+    ]
+
+    @model_validator(mode="after")
+    def _something(self) -> PrepareSpec:
+        if not (self.index or self.config or self.chat_template):
+            raise ValueError("prepare needs at least one of index, config or chat_template (or drop it)")
+        if self.chat_template is not None:
+            from sparkctl.prepare.chat_templates import shipped_templates
+
+            if self.chat_template not in shipped_templates():
+                raise ValueError(
+                    f"unknown chat_template {self.chat_template!r}; shipped: {', '.join(shipped_templates())}"
+                )
+        return self
+
+
 class ModelSpec(Strict):
     """Where the weights come from and what they must look like once fetched."""
 
@@ -144,6 +192,14 @@ class ModelSpec(Strict):
             default=None,
             description="Attention geometry, used to size the KV cache in the memory plan. When unset, it is "
             "read from the model's config.json once the model is local.",
+        ),
+    ]
+    prepare: Annotated[
+        PrepareSpec | None,
+        Field(
+            default=None,
+            description="Fix-ups the published pack needs before the engine can load it, made in an overlay "
+            "of links (the download stays pristine).",
         ),
     ]
 
@@ -631,6 +687,12 @@ class Recipe(Strict):
             raise ValueError(f"engine llama.cpp serves gguf models, not {self.model.format}")
         if self.engine.name == "vllm" and self.model.format == "gguf":
             raise ValueError("gguf models are served with engine.name: llama.cpp")
+        if self.model.prepare is not None and self.engine.name != "vllm":
+            raise ValueError(
+                "model.prepare makes packs loadable by vLLM; llama.cpp serves GGUF files as they are"
+            )
+        if self.model.prepare and self.model.prepare.chat_template and self.serve.chat_template:
+            raise ValueError("set model.prepare.chat_template or serve.chat_template, not both")
         if self.engine.device == "cpu" and self.cluster.nodes > 1:
             raise ValueError("engine.device cpu runs on one node")
         return self

@@ -105,7 +105,7 @@ def test_render_shell_is_a_docker_run_for_docker_recipes() -> None:
     assert lines[1] == "docker run --rm \\"
     assert "  --entrypoint vllm \\" in lines
     assert "  sparkctl/vllm-exl3:0.33.0-sm121 \\" in lines
-    assert "  serve vcruz305/GLM-5.3-Flash-EXL3-K2 \\" in lines
+    assert "  serve /models/glm-5.3-flash \\" in lines  # the prepare overlay (its chat template)
 
 
 def test_render_shell_runs_in_a_real_shell() -> None:
@@ -124,7 +124,7 @@ def test_render_shell_runs_in_a_real_shell() -> None:
 def test_render_json_is_the_plan() -> None:
     data = json.loads(ok("render", "qwen3.8-flash-next", "--format", "json").stdout)
     assert data["recipe_name"] == "qwen3.8-flash-next"
-    assert data["argv"][:3] == ["vllm", "serve", "turboderp/Qwen3.8-Flash-Next-exl3"]
+    assert data["argv"][:3] == ["vllm", "serve", "/models/qwen3.8-flash-next"]  # the prepare overlay
     assert data["container"]["image"] == "sparkctl/vllm-exl3:0.33.0-sm121"
     assert data["model"]["revision"] == "3.05bpw_h5_ng5"
 
@@ -134,7 +134,7 @@ def test_render_compose_is_a_runnable_compose_file() -> None:
     doc = yaml.safe_load(text)
     svc = doc["services"]["glm-5-3-flash"]
     assert svc["image"] == "sparkctl/vllm-exl3:0.33.0-sm121"
-    assert svc["entrypoint"][:3] == ["vllm", "serve", "vcruz305/GLM-5.3-Flash-EXL3-K2"]
+    assert svc["entrypoint"][:3] == ["vllm", "serve", "/models/glm-5.3-flash"]
     assert svc["network_mode"] == "host" and svc["ipc"] == "host" and svc["shm_size"] == "16g"
     assert svc["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
     gpu = svc["deploy"]["resources"]["reservations"]["devices"][0]

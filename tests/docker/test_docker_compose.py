@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,8 +16,12 @@ COMPOSE = REPO / "docker" / "compose.yml"
 RECIPE = "glm-5.3-flash"
 
 
+RENDER_HOME = "/home/sparkctl-render"  # as scripts/render-compose.sh renders it
+
+
 def rendered() -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "SPARKCTL_", "XDG_"))}
+    env["HOME"] = RENDER_HOME
     proc = subprocess.run(
         [sys.executable, "-m", "sparkctl", "render", RECIPE, "--format", "compose"],
         capture_output=True,
@@ -30,9 +33,9 @@ def rendered() -> str:
     if proc.returncode != 0 and "No such command" in proc.stderr:
         pytest.skip("`sparkctl render` is not in this checkout yet")
     assert proc.returncode == 0, proc.stderr
-    home = re.escape(str(Path.home()).rstrip("/"))
+    home = re.escape(RENDER_HOME)
     return "".join(
-        re.sub(r"^(\s*source: )" + home + r"(?=/|$)", r"\1${HOME}", line)
+        re.sub(r"^(\s*(?:source|target): )" + home + r"(?=/|$)", r"\1${HOME}", line)
         for line in proc.stdout.splitlines(True)
     )
 

@@ -28,7 +28,8 @@ def flag(argv: tuple[str, ...], name: str) -> str:
 def test_glm_command_uses_the_vllm_033_flags() -> None:
     p = plan(load_recipe("glm-5.3-flash"))
     argv = p.argv
-    assert argv[:3] == ("vllm", "serve", "vcruz305/GLM-5.3-Flash-EXL3-K2")
+    # served from the prepare overlay (its chat template), mounted where the engine looks
+    assert argv[:3] == ("vllm", "serve", "/models/glm-5.3-flash")
     assert flag(argv, "--long-prefill-token-threshold") == "1024"
     assert "--enable-prefix-caching" in argv
     assert flag(argv, "--kv-cache-dtype") == "fp8"
@@ -54,11 +55,11 @@ def test_removed_flag_in_extra_args_is_refused() -> None:
 
 
 def test_derived_capture_sizes_cover_every_verify_batch() -> None:
-    recipe = load_recipe("qwen3.8-flash-next")  # MTP k=2, max_num_seqs 4, no explicit list
+    recipe = load_recipe("qwen3.8-flash-next")  # MTP k=3, max_num_seqs 4, no explicit list
     sizes = capture_sizes(recipe)
     for seqs in range(1, 5):
-        assert 3 * seqs in sizes  # (k+1) x sequences
-    assert sizes == [1, 2, 3, 4, 6, 8, 9, 12]
+        assert 4 * seqs in sizes  # (k+1) x sequences
+    assert sizes == [1, 2, 4, 8, 12, 16]
     p = plan(recipe)
     i = p.argv.index("--cudagraph-capture-sizes")
     assert list(p.argv[i + 1 : i + 1 + len(sizes)]) == [str(s) for s in sizes]

@@ -9,9 +9,11 @@ docker run --rm \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   --device /dev/infiniband \
+  -v /cache/sparkctl/packs/hub--Mia-AiLab--GLM-5.3-Flash-EXL3-TR3-4bpw/main-5dd22988da:/models/glm-5.3-flash-4bpw-2x:ro \
   -v /home/user/.cache/huggingface:/root/.cache/huggingface \
   -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
   -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
+  -v /home/user/.cache/huggingface/hub/models--Mia-AiLab--GLM-5.3-Flash-EXL3-TR3-4bpw/blobs:/home/user/.cache/huggingface/hub/models--Mia-AiLab--GLM-5.3-Flash-EXL3-TR3-4bpw/blobs:ro \
   -e RAY_memory_monitor_refresh_ms=0 \
   -e NCCL_IB_DISABLE=0 \
   -e NCCL_IGNORE_CPU_AFFINITY=1 \
@@ -27,11 +29,10 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=698ea8c7bfe32927f70384fa5ae4be0696bbc1ffd50a6c0e2adeb3188ca87088 \
+  --label io.sparkctl.recipe-hash=7980698fe88e58e0d5e5331263d529601d6c102641c59bc98d3df1db98bc7a2e \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
-  serve Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw \
-  --revision main \
+  serve /models/glm-5.3-flash-4bpw-2x \
   --served-model-name glm-5.3-flash-4bpw-2x \
   --host 127.0.0.1 \
   --port 8000 \
@@ -49,4 +50,5 @@ docker run --rm \
   --cudagraph-capture-sizes 1 2 3 4 6 8 9 12 \
   --tool-call-parser glm47 \
   --enable-auto-tool-choice \
-  --reasoning-parser glm45
+  --reasoning-parser glm45 \
+  --chat-template /models/glm-5.3-flash-4bpw-2x/chat_template.jinja

@@ -7,19 +7,19 @@ docker run --rm \
   --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
+  -v /cache/sparkctl/packs/hub--vcruz305--GLM-5.3-Flash-EXL3-K2K3-mix/main-5dd22988da:/models/glm-5.3-flash-k2k3:ro \
   -v /home/user/.cache/huggingface:/root/.cache/huggingface \
   -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
   -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
-  -e EXL3_FUSED_MOE=1 \
+  -v /home/user/.cache/huggingface/hub/models--vcruz305--GLM-5.3-Flash-EXL3-K2K3-mix/blobs:/home/user/.cache/huggingface/hub/models--vcruz305--GLM-5.3-Flash-EXL3-K2K3-mix/blobs:ro \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=16312dd13e402996a9d6e9e8d7ac9d167faa95be1cd77d285b6e4fa3d0505c83 \
+  --label io.sparkctl.recipe-hash=2ad660034cc1656482a84b00b33e36db5e1e3e80fb53e98530a598a7504d2cab \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
-  serve vcruz305/GLM-5.3-Flash-EXL3-K2K3-mix \
-  --revision main \
+  serve /models/glm-5.3-flash-k2k3 \
   --served-model-name glm-5.3-flash-k2k3 \
   --host 127.0.0.1 \
   --port 8000 \
@@ -38,4 +38,5 @@ docker run --rm \
   --reasoning-parser glm45 \
   --no-enable-flashinfer-autotune \
   --skip-mm-profiling \
-  --limit-mm-per-prompt '{"image":4,"video":1}'
+  --limit-mm-per-prompt '{"image":4,"video":1}' \
+  --chat-template /models/glm-5.3-flash-k2k3/chat_template.jinja

@@ -7,19 +7,19 @@ docker run --rm \
   --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
+  -v /cache/sparkctl/packs/hub--vcruz305--GLM-5.3-Flash-EXL3-K2/main-5dd22988da:/models/glm-5.3-flash:ro \
   -v /home/user/.cache/huggingface:/root/.cache/huggingface \
   -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
   -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
-  -e EXL3_FUSED_MOE=1 \
+  -v /home/user/.cache/huggingface/hub/models--vcruz305--GLM-5.3-Flash-EXL3-K2/blobs:/home/user/.cache/huggingface/hub/models--vcruz305--GLM-5.3-Flash-EXL3-K2/blobs:ro \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=76953cf4a064bbf39c3c925942b8e2641ef1d37ff764d031a9cf6cead602cc57 \
+  --label io.sparkctl.recipe-hash=cdf12aec3e9f96efb28bd6df5da63f915eae761fc0177c4018c5eaa0d83dfcfe \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
-  serve vcruz305/GLM-5.3-Flash-EXL3-K2 \
-  --revision main \
+  serve /models/glm-5.3-flash \
   --served-model-name glm-5.3-flash \
   --host 127.0.0.1 \
   --port 8000 \
@@ -38,4 +38,5 @@ docker run --rm \
   --reasoning-parser glm45 \
   --no-enable-flashinfer-autotune \
   --skip-mm-profiling \
-  --limit-mm-per-prompt '{"image":4,"video":1}'
+  --limit-mm-per-prompt '{"image":4,"video":1}' \
+  --chat-template /models/glm-5.3-flash/chat_template.jinja

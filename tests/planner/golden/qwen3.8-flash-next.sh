@@ -7,20 +7,19 @@ docker run --rm \
   --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
+  -v /cache/sparkctl/packs/hub--turboderp--Qwen3.8-Flash-Next-exl3/3.05bpw_h5_ng5-40603d66be:/models/qwen3.8-flash-next:ro \
   -v /home/user/.cache/huggingface:/root/.cache/huggingface \
   -v /home/user/.cache/sparkctl/jit/triton:/root/.triton \
   -v /home/user/.cache/sparkctl/jit/flashinfer:/root/.cache/flashinfer \
+  -v /home/user/.cache/huggingface/hub/models--turboderp--Qwen3.8-Flash-Next-exl3/blobs:/home/user/.cache/huggingface/hub/models--turboderp--Qwen3.8-Flash-Next-exl3/blobs:ro \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-  -e VLLM_EXL3_NGRAM_KERNEL=ext \
-  -e VLLM_EXL3_PREFILL_SYNC=256 \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=qwen3.8-flash-next \
-  --label io.sparkctl.recipe-hash=fe56825d1681fe386e34b69560cd60118f31a2217daf91ce618b3b5952888612 \
+  --label io.sparkctl.recipe-hash=ad144139ce9a566dd095b067fd6cf4b34c4dd7c82a8350bbe9f8dea10e2e1c17 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
-  serve turboderp/Qwen3.8-Flash-Next-exl3 \
-  --revision 3.05bpw_h5_ng5 \
+  serve /models/qwen3.8-flash-next \
   --served-model-name qwen3.8-flash-next \
   --host 127.0.0.1 \
   --port 8000 \
@@ -30,8 +29,8 @@ docker run --rm \
   --gpu-memory-utilization 0.8 \
   --max-num-seqs 4 \
   --enable-prefix-caching \
-  --speculative-config '{"method":"mtp","num_speculative_tokens":2}' \
-  --cudagraph-capture-sizes 1 2 3 4 6 8 9 12 \
+  --speculative-config '{"method":"mtp","num_speculative_tokens":3}' \
+  --cudagraph-capture-sizes 1 2 4 8 12 16 \
   --tool-call-parser qwen3_xml \
   --enable-auto-tool-choice \
   --reasoning-parser qwen3 \
