@@ -286,7 +286,10 @@ def _already_local(recipe: Any) -> Path | None:
     from sparkctl.models.fetch import local_model_path
     from sparkctl.planner.build import model_source
 
-    return local_model_path(model_source(recipe))
+    source = model_source(recipe)
+    if source.prepare is not None:
+        return None  # served from its prepare overlay, which the plan names by itself
+    return local_model_path(source)
 
 
 def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:

@@ -1,44 +1,37 @@
 """`sparkctl prepare RECIPE`: make (or show, or remove) the overlay `up` serves a pack from.
 
-The work is sparkctl.prepare's; this module parses options and renders. Progress goes to stderr, the
-result (steps, or JSON) to stdout.
+The work is sparkctl.prepare's; this module parses options and renders through commands.output.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from sparkctl.commands import output
+from sparkctl.commands.options import json_option, set_option
 from sparkctl.errors import UserError
 
 
 @click.command("prepare", short_help="Make the overlay a pack needs before vLLM can load it.")
 @click.argument("recipe")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY.PATH=VALUE",
-    help="Override a recipe field (value parsed as YAML). Repeatable.",
-)
+@set_option
 @click.option("--offline", is_flag=True, help="Use only the local Hugging Face cache; never download.")
 @click.option("--dry-run", is_flag=True, help="Print what would be linked and written; write nothing.")
 @click.option("--remove", is_flag=True, help="Delete the overlay (the download is not touched).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 def prepare_cmd(
-    recipe: str, overrides: tuple[str, ...], offline: bool, dry_run: bool, remove: bool, as_json: bool
+    recipe: str, sets: tuple[str, ...], offline: bool, dry_run: bool, remove: bool, as_json: bool
 ) -> None:
     """Prepare RECIPE's pack: link every downloaded file into an overlay and write the rewritten ones
     (regenerated safetensors index, config.json for the exl3 plugin, chat template), never editing the
     download. `up` does the same before it launches; running it again reuses a current overlay."""
-    from sparkctl.planner import plan
-    from sparkctl.recipe import load_recipe
+    from sparkctl.plans import load_and_plan
 
     if remove and dry_run:
         raise UserError("give --remove or --dry-run, not both")
-    p = plan(load_recipe(recipe, list(overrides)), check_memory=False)
+    _, p = load_and_plan(recipe, sets, check_memory=False)
     steps = p.model.prepare
     if steps is None:
         raise UserError(
@@ -50,9 +43,9 @@ def prepare_cmd(
 
         gone = remove_overlay(overlay)
         if as_json:
-            click.echo(json.dumps({"overlay": str(overlay), "removed": gone}))
+            output.json({"overlay": str(overlay), "removed": gone})
         else:
-            click.echo(f"removed {overlay}" if gone else f"no overlay at {overlay}")
+            output.text(f"removed {overlay}" if gone else f"no overlay at {overlay}")
         return
 
     from sparkctl.models.fetch import resolve_weights
@@ -61,17 +54,15 @@ def prepare_cmd(
     model_dir, _ = resolve_weights(p.model, offline=offline)
     prep, result = prepare_model(p.model, model_dir, dry_run=dry_run)
     if as_json:
-        doc = prep.to_json()
-        doc["dry_run"] = dry_run
-        doc["reused"] = None if result is None else result.reused
-        click.echo(json.dumps(doc, indent=2))
+        output.json(
+            {**prep.to_json(), "dry_run": dry_run, "reused": None if result is None else result.reused}
+        )
         return
     if result is None:
-        head = f"would make {prep.overlay}"
+        output.text(f"would make {prep.overlay}")
     elif result.reused:
-        head = f"{prep.overlay} is up to date (nothing written)"
+        output.text(f"{prep.overlay} is up to date (nothing written)")
     else:
-        head = f"made {prep.overlay}"
-    click.echo(head)
+        output.text(f"made {prep.overlay}")
     for line in prep.steps:
-        click.echo(f"  - {line}")
+        output.text(f"  - {line}")

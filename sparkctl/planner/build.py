@@ -14,9 +14,9 @@ from typing import Any
 
 from sparkctl.errors import UserError
 from sparkctl.models.generators import GENERATORS
+from sparkctl.models.source import PrepareSteps
 from sparkctl.planner.engines import check_extra_args, check_kv_dtype, llamacpp_argv, vllm_argv
 from sparkctl.planner.memory import gib, plan_memory
-from sparkctl.models.source import PrepareSteps
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
 
 CONTAINER_MODEL_ROOT = "/models"
