@@ -113,3 +113,29 @@ def test_overlay_inside_the_download_is_refused(pack_cache: PackCache) -> None:
     assert r.returncode == 2
     assert "would be inside the download" in r.stderr and "Traceback" not in r.stderr
     assert tree_state(pack_cache.hub) == before
+
+
+def test_docker_plan_mounts_what_the_overlay_links_into(pack_cache: PackCache, monkeypatch) -> None:
+    """In a container the overlay's absolute links must resolve: the plan mounts their blob directory at
+    its own path, so the runtime needs no extra mounts (and `render` prints a runnable command)."""
+    from sparkctl.planner import plan
+    from sparkctl.recipe import load_recipe
+    from sparkctl.runtimes.docker import link_target_mounts
+
+    made = _prepare_json(pack_cache)
+    monkeypatch.setenv("SPARKCTL_CACHE_DIR", pack_cache.env["SPARKCTL_CACHE_DIR"])
+    sets = [
+        "runtime=docker",
+        "container.image=sparkctl-test:cpu",
+        f"container.hf_cache={pack_cache.hub.parent}",
+    ]
+    p = plan(load_recipe(str(pack_cache.recipe), sets), check_memory=False)
+    mounts = {m.target: m for m in p.container.mounts}
+    name = p.recipe_name
+    assert mounts[f"/models/{name}"].source == made["overlay"] and p.argv[2] == f"/models/{name}"
+    blobs = str((pack_cache.snapshot.parent.parent / "blobs").resolve())
+    assert mounts[blobs].source == blobs and mounts[blobs].read_only
+    binds = [(Path(m.source), m.target) for m in p.container.mounts]
+    assert link_target_mounts(binds) == []
+    # without those mounts the links would dangle in the container (the runtime would have to add them)
+    assert link_target_mounts([(Path(made["overlay"]), f"/models/{name}")]) == [(blobs, blobs)]
