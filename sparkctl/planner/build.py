@@ -204,8 +204,11 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             mounts.append(Mount(source=_abs(c.hf_cache), target=CONTAINER_HF_CACHE))
         for mnt in c.mounts:
             mounts.append(Mount(source=_abs(mnt.source), target=mnt.target, read_only=mnt.read_only))
-        if model_source(recipe).prepare is not None and local == model_source(recipe).prepare.overlay:
-            for root in _overlay_link_roots(recipe):  # the overlay's links resolve in the container too
+        steps = prepare_steps(recipe)
+        if steps is not None and local == steps.overlay:
+            for root in _overlay_link_roots(
+                recipe, steps
+            ):  # the overlay's links resolve in the container too
                 mounts.append(Mount(source=root, target=root, read_only=True))
         container = ContainerSpec(
             image=c.image,
@@ -274,14 +277,12 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     )
 
 
-def _overlay_link_roots(recipe: Any) -> list[str]:
+def _overlay_link_roots(recipe: Any, steps: PrepareSteps) -> list[str]:
     """Host directories the prepare overlay's links point into, mounted at their own path.
 
     From the overlay itself once it exists; before that, where the download will be: the repo's blob
     store in the mounted HF cache, or the local model directory.
     """
-    steps = model_source(recipe).prepare
-    assert steps is not None
     overlay = Path(steps.overlay)
     if overlay.is_dir():
         roots = {str(Path(os.path.realpath(p)).parent) for p in overlay.rglob("*") if p.is_symlink()}
