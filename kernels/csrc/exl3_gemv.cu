@@ -1234,8 +1234,7 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 //   C are x' at 16 sl + 2c, +1 and rows 8..15 at +8, +9. Three mmas per row and chunk become two. (Two rows per
 //   mma, one per diagonal block, took the same count, but 0 * inf made a row with an inf turn its partner NaN.)
 // * What is stored is x' / sqrt2 (the transform's own scale: the end of the block multiplies the sums by sqrt2), and
-//   the rows' loop has no branch per row (the store predicated) so their chains interleave:
-//   14336x4096 8 rows -0.6 us (run 62).
+//   the rows' loop has no branch per row (the store predicated) so their chains interleave.
 // Rows 0..5 always run (the class has at least 5; a sixth past m repeats the fifth), rows 6 and 7 only when
 // present. Rows past m write B columns that only reach C columns the end of the block ignores.
 template <int H, typename Ring>

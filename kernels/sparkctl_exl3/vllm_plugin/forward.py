@@ -14,8 +14,8 @@ tensors are only indexed, multiplied and compared), so both are safe under CUDA 
   (``ops.exl3_gemm_gathered``) and the weighted results are scattered back onto their tokens (``index_add_``):
   top_k decodes per token instead of one per local expert.
 * CUDA: every local expert runs on every token through the EXL3 GEMV and is weighted by that token's routing
-  weight for it (zero when not routed), ``local experts / top_k`` times the minimal work, until the fused MoE
-  kernel (``kernels/csrc/exl3_moe.cu``) has been checked on a GPU.
+  weight for it (zero when not routed), ``local experts / top_k`` times the minimal work, until a fused MoE
+  decode kernel replaces it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with th
 loaders keep per-expert tensors, cut for tensor parallelism on 128 boundaries.
 
 The forward is :func:`forward.exl3_moe_forward`: on the CPU only the routed experts, gathered by id from per-projection
-stacks made once here; on CUDA every local expert through the GEMV until the fused MoE kernel has been run on a GPU.
+stacks made once here; on CUDA every local expert through the GEMV until a fused MoE decode kernel replaces it.
 """
 
 from __future__ import annotations
