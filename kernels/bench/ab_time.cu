@@ -1,5 +1,6 @@
-// A/B timing of compile-time variants of the GEMV: one binary per variant (built with -D flags), each timing the
-// same cases with CUDA graphs and writing its outputs, so variants can be compared for speed and for sameness.
+// A/B timing of compile-time variants of the GEMV: one binary per variant (a candidate edit of the kernel, or the -D
+// flags it adds while it is tried), each timing the same cases with CUDA graphs and writing its outputs, so variants
+// can be compared for speed and for sameness.
 //
 // Why a torch-free driver: the torch extension takes ~30 s to build per variant on the device machine; this file
 // builds in seconds with nvcc alone, so one device call can build (in parallel) and time several variants. The

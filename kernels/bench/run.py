@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,33 +53,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a64 - b64).norm() / b64.norm().clamp_min(1e-30))
 
 
-@contextmanager
-def _env(**values: str) -> Iterator[None]:
-    """The kernel's SPARKCTL_EXL3_* switches are read at each launch: set them for a block of calls, then put back
-    what was there (a switch the caller set for the whole run, e.g. SPARKCTL_EXL3_I8_MAX_ROWS, must survive)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old
+def min_ksplit(in_f: int, out_f: int, k2: int, codebook: str, rows: int) -> int:
+    """Fewest input splits the kernel accepts for this call, as its planner says (the kernel's one rule)."""
+    from sparkctl_exl3 import cuda
 
-
-def min_ksplit(n_k: int, codebook: str, rows: int) -> int:
-    """Fewest input splits the kernel accepts: blocks hold at most 16 input chunks, or 32 in the integer (mul1, up to
-    SPARKCTL_EXL3_I8_MAX_ROWS = 8 rows) kernel (shared memory may raise it further; the harness only uses shapes
-    where it does not)."""
-    int_kernel = (
-        codebook == "mul1"
-        and rows <= int(os.environ.get("SPARKCTL_EXL3_I8_MAX_ROWS") or 8)
-        and os.environ.get("SPARKCTL_EXL3_MUL1_PATH") != "fp16"
-    )
-    most = 32 if int_kernel else 16
-    return (n_k + most - 1) // most
+    return cuda.gemv_ksplit_range(rows, in_f, out_f, k2, CODEBOOKS.index(codebook))[0]
 
 
 def k2_label(k2: int) -> str:
@@ -207,7 +184,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                     y_ref = x.float() @ w
                     n_k = in_f // 128
                     for ks in sorted({0, 1, min(n_k, 3), n_k}):
-                        if ks and ks < min_ksplit(n_k, cb, rows):
+                        if ks and ks < min_ksplit(in_f, out_f, k2, cb, rows):
                             continue
                         y, landed = poisoned_call(
                             partial(cuda.gemv, x, trellis, suh, svh, cb_id, ksplit=ks), rows, out_f, dev
@@ -227,8 +204,8 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
 
     # 2b. both input-transform paths for every row count: fused (per block in the fp16 kernel, per warp in the
     # integer kernel) and the separate x' kernel
-    for min_rows in ("1", "99"):
-        with _env(SPARKCTL_EXL3_XPREP_MIN_ROWS=min_rows):
+    for min_rows in (1, 99):
+        with cuda.tuned(xprep_min_rows=min_rows):
             for k2, cb in ((4, "mul1"), (6, "3inst"), (5, "mul1")):
                 trellis, suh, svh = random_layer(2048, 640, k2, gen, dev)
                 w = reference.weight(trellis, suh, svh, cb).float()
@@ -238,7 +215,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                         partial(cuda.gemv, x, trellis, suh, svh, CODEBOOKS.index(cb)), rows, 640, dev
                     )
                     # mul1 at 5-8 rows always prepares x' in the GEMV (fp16 x', no x' kernel path)
-                    separate = min_rows == "1" and not (cb == "mul1" and rows > 4)
+                    separate = min_rows == 1 and not (cb == "mul1" and rows > 4)
                     path = "separate" if separate else "fused"
                     case = f"x' {path} 2048x640 K={k2_label(k2)} {cb} rows={rows}"
                     yield CheckResult(
@@ -255,8 +232,8 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
         case = f"whole-chunk warp runs 3584x512 K=2 mul1 rows={rows} ksplit=1"
         yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
 
-    # 2c'. mul1 through the fp16 kernel too (the integer kernel is the default; SPARKCTL_EXL3_MUL1_PATH=fp16)
-    with _env(SPARKCTL_EXL3_MUL1_PATH="fp16"):
+    # 2c'. mul1 through the fp16 kernel too (the integer kernel is the default; the tuning's mul1_fp16)
+    with cuda.tuned(mul1_fp16=1):
         for k2 in (4, 8, 5):
             trellis, suh, svh = random_layer(1024, 640, k2, gen, dev)
             w = reference.weight(trellis, suh, svh, "mul1").float()
@@ -282,18 +259,18 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
     # 2c. the GB10's 99 KiB of shared memory per block, with the costliest layouts: x' fused per block for 8 rows
     # (fp16 kernel), per warp for 8 and 4 rows (integer kernel, two and one column groups), and one row at K=8 (the
     # integer kernel's deepest ring)
-    with _env(SPARKCTL_EXL3_SMEM_LIMIT=str(99 * 1024), SPARKCTL_EXL3_XPREP_MIN_ROWS="99"):
+    with cuda.tuned(smem_limit=99 * 1024, xprep_min_rows=99):
         # 4096x16384: 128 column chunks, so one row takes no split (32 input chunks per block, the largest x')
         for out_f, rows_list in ((512, (8,)), (16384, (8, 4, 1))):
             trellis, suh, svh = random_layer(4096, out_f, 16, gen, dev)
             w = reference.weight(trellis, suh, svh, "mul1").float()
             for rows in rows_list:
-                for i8_max in ("4", "8") if rows == 8 else ("8",):
-                    with _env(SPARKCTL_EXL3_I8_MAX_ROWS=i8_max):
+                for i8_max in (4, 8) if rows == 8 else (8,):
+                    with cuda.tuned(i8_max_rows=i8_max):
                         x = torch.randn(rows, 4096, generator=gen).half().to(dev)
                         ks = cuda.gemv_ksplit(rows, 4096, out_f, 16, 2)
                         y = cuda.gemv(x, trellis, suh, svh, 2)
-                    kernel = "integer" if rows <= int(i8_max) else "fp16"
+                    kernel = "integer" if rows <= i8_max else "fp16"
                     case = f"99 KiB shared-memory cap, {rows} rows, {kernel} kernel, 4096x{out_f} K=8 mul1 (ksplit {ks})"
                     yield CheckResult("gemv", case, rel_err(y, x.float() @ w), REL_TOL)
             del w
@@ -416,8 +393,10 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                     splits = [0]
                     if args.sweep and rows == 1:
                         n_k = in_f // 128
-                        lo = min_ksplit(n_k, cb, rows)
-                        splits += [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 28, 32) if lo <= s <= n_k]
+                        lo, hi = cuda.gemv_ksplit_range(rows, in_f, out_f, k2, cb_id)
+                        splits += [
+                            s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 28, 32) if lo <= s <= min(hi, n_k)
+                        ]
                     auto_ks = cuda.gemv_ksplit(rows, in_f, out_f, k2, cb_id)
                     for ks in splits:
 
@@ -430,13 +409,13 @@ def _gemv_bench(args: argparse.Namespace) -> Iterator[TimeResult]:
                         extra: dict = {"sweep": ks != 0}
                         if args.ab_xprep and ks == 0:
                             # the other input-transform path: separate kernel for 1 row, fused for several
-                            with _env(SPARKCTL_EXL3_XPREP_MIN_ROWS="1" if rows == 1 else "99"):
+                            with cuda.tuned(xprep_min_rows=1 if rows == 1 else 99):
                                 extra["other_xprep_us"] = timed(make, n_sets)
                         if args.ab_mul1 and ks == 0 and cb == "mul1":
-                            with _env(SPARKCTL_EXL3_MUL1_PATH="fp16"):
+                            with cuda.tuned(mul1_fp16=1):
                                 extra["fp16_kernel_us"] = timed(make, n_sets)
                         if args.ab_pdl and ks == 0:
-                            with _env(SPARKCTL_EXL3_NO_PDL="1"):
+                            with cuda.tuned(pdl=0):
                                 extra["no_pdl_us"] = timed(make, n_sets)
                         key = (in_f, out_f, rows)
                         if key not in dense_cache:

@@ -6,6 +6,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <map>
+#include <string>
+#include <tuple>
+
 #include "exl3_gemv.h"
 
 namespace {
@@ -31,6 +35,8 @@ int64_t k2_of(const torch::Tensor& trellis) {
   return last / 8;
 }
 
+// The tensor-level checks (device, dtype, dimensions that agree with each other); the shape rule itself is the
+// kernel's own (exl3_gemv_supports), so it is written once.
 void check_inputs(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Tensor& suh, const torch::Tensor& svh,
                   int64_t codebook) {
   TORCH_CHECK(x.is_cuda() && trellis.is_cuda() && suh.is_cuda() && svh.is_cuda(),
@@ -44,16 +50,14 @@ void check_inputs(const torch::Tensor& x, const torch::Tensor& trellis, const to
   TORCH_CHECK(trellis.is_contiguous(), "EXL3 GEMV: trellis must be contiguous");
   TORCH_CHECK(x.dim() == 2, "EXL3 GEMV: x must be 2-D [rows, I], got " + dims(x));
   const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
-  TORCH_CHECK(in_features % 128 == 0 && out_features % 128 == 0,
-              "EXL3 GEMV: in and out features must be multiples of 128, got " + num(in_features) + " x " + num(out_features));
   TORCH_CHECK(x.size(1) == in_features, "EXL3 GEMV: x has " + num(x.size(1)) + " features but the trellis has " + num(in_features));
   TORCH_CHECK(suh.dim() == 1 && suh.size(0) == in_features, "EXL3 GEMV: suh must be [" + num(in_features) + "], got " + dims(suh));
   TORCH_CHECK(svh.dim() == 1 && svh.size(0) == out_features, "EXL3 GEMV: svh must be [" + num(out_features) + "], got " + dims(svh));
-  TORCH_CHECK(codebook >= 0 && codebook <= 2, "EXL3 GEMV: codebook_id must be 0 (3inst), 1 (mcg) or 2 (mul1), got " + num(codebook));
   const int64_t k2 = k2_of(trellis);
-  TORCH_CHECK(k2 >= 2 && k2 <= 16, "EXL3 GEMV: unsupported bits per weight " + bits_str(k2) + " (1..8, or 1.5/2.5/3.5 with mul1)");
-  TORCH_CHECK(k2 % 2 == 0 || (codebook == 2 && k2 <= 7), "EXL3 GEMV: " + bits_str(k2) +
-                  " bits per weight is only defined for the mul1 codebook at 1.5, 2.5 or 3.5");
+  const int st = exl3_gemv_supports(1, static_cast<int>(in_features), static_cast<int>(out_features), static_cast<int>(k2),
+                                    static_cast<int>(codebook));
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)) + " (layer " + num(in_features) + " x " +
+                                 num(out_features) + ", " + bits_str(k2) + " bits, codebook " + num(codebook) + ")");
 }
 
 // Returns a copy when t's data is not 16-byte aligned (a view into a larger buffer); the kernel reads 16-byte units.
@@ -77,8 +81,8 @@ Exl3GemvParams shape_params(int64_t m, int64_t in_features, int64_t out_features
 
 // What exl3_gemv_plan says about one launch. The workspace (int32) is zero before the first call and left zero by
 // the kernel, so one buffer per stream serves every later call (CUDA graph replays included): the column chunks'
-// split-K counters, then the slots of the ticket or fixed-point hand-over, which must persist for the same reason
-// (PERF runs 56, 72).
+// split-K counters, then the slots of the ticket or fixed-point hand-over, which persist for the same reason (zeroing
+// them per call would be one more launch).
 struct LaunchPlan {
   int ksplit = 0;
   size_t partial_floats = 0, xprep_halfs = 0, workspace_ints = 0;
@@ -157,6 +161,42 @@ int64_t gemv_ksplit(int64_t rows, int64_t in_features, int64_t out_features, int
   return plan(shape_params(std::min(kMaxRows, rows), in_features, out_features, k2, codebook, 0)).ksplit;
 }
 
+// Whether a launch of `rows` rows (1..8) of this shape is supported: the kernel's one shape rule.
+bool supports(int64_t rows, int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook) {
+  return exl3_gemv_supports(static_cast<int>(rows), static_cast<int>(in_features), static_cast<int>(out_features),
+                            static_cast<int>(k2), static_cast<int>(codebook)) == EXL3_OK;
+}
+
+// The splits a shape accepts on the current device, (lo, hi) (for the bench's sweeps and forced-split checks).
+std::tuple<int64_t, int64_t> gemv_ksplit_range(int64_t rows, int64_t in_features, int64_t out_features, int64_t k2,
+                                               int64_t codebook) {
+  const Exl3GemvParams p = shape_params(std::min(kMaxRows, rows), in_features, out_features, k2, codebook, 0);
+  int lo = 0, hi = 0;
+  const int st = exl3_gemv_ksplit_range(&p, &lo, &hi);
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+  return {lo, hi};
+}
+
+// The planner's tuning (exl3_gemv.h) as a dict, and setting it whole.
+std::map<std::string, int64_t> tuning() {
+  Exl3GemvTuning t;
+  exl3_gemv_get_tuning(&t);
+  return {{"mul1_fp16", t.mul1_fp16}, {"i8_max_rows", t.i8_max_rows}, {"xprep_min_rows", t.xprep_min_rows},
+          {"smem_limit", t.smem_limit}, {"pdl", t.pdl}};
+}
+
+void set_tuning(int64_t mul1_fp16, int64_t i8_max_rows, int64_t xprep_min_rows, int64_t smem_limit, int64_t pdl) {
+  TORCH_CHECK(i8_max_rows >= 0 && xprep_min_rows >= 0 && smem_limit >= 0,
+              "EXL3 GEMV: i8_max_rows, xprep_min_rows and smem_limit must be >= 0");
+  Exl3GemvTuning t;
+  t.mul1_fp16 = mul1_fp16 != 0;
+  t.i8_max_rows = static_cast<int>(i8_max_rows);
+  t.xprep_min_rows = static_cast<int>(xprep_min_rows);
+  t.smem_limit = static_cast<int>(smem_limit);
+  t.pdl = pdl != 0;
+  exl3_gemv_set_tuning(&t);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -168,4 +208,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("trellis"), py::arg("rows"), py::arg("codebook_id"), py::arg("ksplit") = 0);
   m.def("gemv_ksplit", &gemv_ksplit, "the automatic split-K for a shape on the current device", py::arg("rows"),
         py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
+  m.def("gemv_ksplit_range", &gemv_ksplit_range, "(lo, hi): the splits a shape accepts on the current device",
+        py::arg("rows"), py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
+  m.def("supports", &supports, "whether the GEMV takes rows (1..8) of this shape, rate and codebook", py::arg("rows"),
+        py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
+  m.def("tuning", &tuning, "the planner's tuning (exl3_gemv.h, Exl3GemvTuning)");
+  m.def("set_tuning", &set_tuning, "replace the planner's tuning", py::arg("mul1_fp16"), py::arg("i8_max_rows"),
+        py::arg("xprep_min_rows"), py::arg("smem_limit"), py::arg("pdl"));
 }

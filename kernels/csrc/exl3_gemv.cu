@@ -29,83 +29,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
+#include <mutex>
+
 namespace exl3 {
 
-// Blocks per SM the GEMV kernels are compiled for (register budget 65536 / (256 * this)). With no minimum, ptxas
-// for sm_121 capped some instances at 64 registers and spilled; 2 lets every instance keep its state in
-// registers. -DEXL3_MIN_BLOCKS=N (SPARKCTL_EXL3_NVCC_FLAGS) is there for timing other budgets.
-#ifndef EXL3_MIN_BLOCKS
-#define EXL3_MIN_BLOCKS 2
-#endif
-// The integer kernel keeps the same 91-96 registers with a one-block budget, but ptxas then schedules its main
-// loop in fewer instructions (K=4: 221 against 233 per slab; 14336x4096 K=4 17.6 against 18.0 us,
-// kernels/PERF.md run 28); no spills on sm_90 or sm_121.
-#ifndef EXL3_I8_MIN_BLOCKS
-#define EXL3_I8_MIN_BLOCKS 1
-#endif
+// Blocks per SM each kernel is compiled for (register budget 65536 / (threads * this)): with no minimum, ptxas
+// capped some sm_121 instances at 64 registers and spilled; the integer kernel schedules its loop tighter with 1.
+constexpr int kMinBlocks = 2;
+constexpr int kMinBlocksI8 = 1;
 
-// Phase timing (kernels/bench/phase_timing.cu builds this file with -DEXL3_TIMING): thread 0 of each block
-// writes clock64() at fixed points of the block's life, plus %globaltimer at start and end, into
-// g_exl3_timing[block * kStamps + k]. With -DEXL3_TIMING_GT it also writes %globaltimer at every point into
-// [block * kStamps + kStampGt + k], so each phase has its SM cycles and its wall-clock ns read at the same instants
-// (kernels/PERF.md runs 86-88). Compiled out otherwise.
-#ifdef EXL3_TIMING
-constexpr int kStampsEnd = 7;  // stamps 0 and kStampsEnd are globaltimer ns, 1..5 clock64
-constexpr int kStampSm = 6;    // the slot that holds the SM id
-constexpr int kStampGt = 8;    // EXL3_TIMING_GT: slot kStampGt + k holds globaltimer at stamp k
-#ifdef EXL3_TIMING_GT
-constexpr bool kStampsGt = true;
-#else
-constexpr bool kStampsGt = false;
-#endif
-constexpr int kStamps = kStampsGt ? 2 * kStampGt : kStampGt;
-__device__ unsigned long long* g_exl3_timing = nullptr;
-__device__ __forceinline__ void exl3_stamp(int k) {
-  if (threadIdx.x == 0 && g_exl3_timing != nullptr) {
-    unsigned long long* t = g_exl3_timing + (static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kStamps;
-    const bool wall = k == 0 || k == kStampsEnd;
-    unsigned long long gt = 0;
-    if (wall || kStampsGt) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
-    t[k] = wall ? gt : clock64();
-    if (kStampsGt) t[kStampGt + k] = gt;
-    if (k == 0) {
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      t[kStampSm] = sm;
-    }
-  }
-}
-#define EXL3_STAMP(k) exl3_stamp(k)
-#else
+// Phase hooks of the bench's phase timing (kernels/bench/stamps.cuh defines them before including this file);
+// empty in every product build.
+#ifndef EXL3_STAMP
 #define EXL3_STAMP(k)
+#define EXL3_STAMP_END()
 #endif
 
-// Warps per block of the fp16 kernel (two blocks per SM) and of the integer kernel (one block per SM). Four warps per
-// scheduler instead of two hide the decode's dependency latencies: 4096x14336 K=2 1 row 16.7 -> 14.9 us
-// (kernels/PERF.md run 30). -DEXL3_I8_WARPS=8 (SPARKCTL_EXL3_NVCC_FLAGS) is there for A/B timing.
-#ifndef EXL3_I8_WARPS
-#define EXL3_I8_WARPS 16
-#endif
+// Warps per block of the fp16 kernel (two blocks per SM) and of the integer kernel (one block per SM): four warps
+// per scheduler instead of two hide the decode's dependency latencies.
 constexpr int kWarps = 8;
-constexpr int kWarpsI8 = EXL3_I8_WARPS;
+constexpr int kWarpsI8 = 16;
 constexpr int kThreads = kWarps * 32;      // threads per block
 constexpr int kMaxRows = 8;                // the mma n8 dimension holds up to 8 input rows
 constexpr int kMaxChunksPerBlock = 16;     // 128-row input chunks per block (bounds the x' shared memory)
 // The integer kernel may take a whole 4096-input column chunk in one block (no split, no partial sums): its int32
 // sums stay exact up to 16448 inputs (4 bytes x 255 x 128 per input), far above 32 chunks.
 constexpr int kMaxChunksPerBlockI8 = 32;
-// Three split-K hand-overs of the partial sums of a column chunk (kernels/PERF.md runs 48-56 and 72-74): fixed-point
-// atomics (fixed_share) for the integer kernel's 1 and 2 row classes, tickets (take_ticket) for its 3-4 row class,
-// and the fenced "last block" atomic for its 5-8 row class and the fp16 kernel. Fixed-point atomics save 0.1-0.9 us
-// per split call of 1-2 rows, but 4 rows mean four times the atomics, and they ran 0.2-0.3 us slower than tickets
-// there; tickets in turn made ptxas schedule the 5-8 row class and the fp16 kernel 0.3-1.0 us slower (runs 49-56,
-// 61, 69), and fixed-point atomics made the 5-8 row class 0.75 us slower (run 72).
+// Three split-K hand-overs of a column chunk's partial sums, each the fastest for its row class: fixed-point
+// atomics for 1-2 rows (no wait at all), tickets for 3-4 (4 rows make four times the atomics), the fenced "last
+// block" atomic for 5-8 rows and the fp16 kernel (where the other two made ptxas schedule the main loop worse).
 enum HandOver { kFencedHandOver, kTicketHandOver, kFixedHandOver };
-#ifndef EXL3_FIXED_ROWS
-#define EXL3_FIXED_ROWS 2
-#endif
 __host__ __device__ constexpr HandOver hand_over(int rows) {
-  return rows <= EXL3_FIXED_ROWS ? kFixedHandOver : rows <= 4 ? kTicketHandOver : kFencedHandOver;
+  return rows <= 2 ? kFixedHandOver : rows <= 4 ? kTicketHandOver : kFencedHandOver;
 }
 // Most slices the fixed-point hand-over counts (its arrival field has 8 bits).
 constexpr int kMaxFixedSplit = 255;
@@ -143,14 +99,12 @@ struct Rate {
   static_assert(kRawWords <= kTileWords, "window longer than a tile");
 };
 
-// cp.async ring depth per warp for blocks of NW warps: up to EXL3_RING_KB KiB in flight per block (32: 4 KiB per
-// warp of 8), 2..8 stages, a power of two (SlabRing).
-#ifndef EXL3_RING_KB
-#define EXL3_RING_KB 32
-#endif
+// cp.async ring depth per warp for blocks of NW warps: up to 32 KiB in flight per block, 2..8 stages, a power of
+// two (SlabRing).
+constexpr int kRingKiB = 32;
 template <int K2, int NW>
 __host__ __device__ constexpr int ring_stages() {
-  constexpr int per_warp = EXL3_RING_KB * 1024 / NW / Rate<K2>::kSlabBytes;
+  constexpr int per_warp = kRingKiB * 1024 / NW / Rate<K2>::kSlabBytes;
   return per_warp >= 8 ? 8 : (per_warp >= 4 ? 4 : 2);
 }
 
@@ -245,8 +199,8 @@ __device__ __forceinline__ uint32_t cb_hash(uint32_t s) {
 // * mul1: DP4A leaves (1024 + byte sum) as an fp16 in the low half and +0 in the high half; the mma multiplies
 //   it by x' directly and the affine map k_inv * h + k_bias is applied to the sums (k_bias times the sum of x').
 // The 8 weights of a lane then fill two A fragments (positions 0,4,2,6 and 1,5,3,7), i.e. two mmas per tile
-// instead of one, and the pairing PRMT and the fp16 add/FMA per weight disappear: the integer ALU is this
-// kernel's busiest pipe on sm_90 (kernels/PERF.md). The products and sums are fp32, so the only difference from
+// instead of one, and the pairing PRMT and the fp16 add/FMA per weight disappear (the integer ALU is this
+// kernel's busiest pipe). The products and sums are fp32, so the only difference from
 // the spec's rounded fp16 weights is that rounding (about 2^-12 relative per weight), well inside the 1e-3
 // tolerance on y that the reference paths themselves have.
 constexpr float kMul1Inv = 0.00676727294921875f;  // fp16 0x1EEE
@@ -264,8 +218,7 @@ struct TileDecoder {
   static __device__ __forceinline__ void decode(const uint32_t (&w)[NW], uint32_t (&ae)[4], uint32_t (&ao)[4]) {
     if constexpr (K2 == 4 && BASE == 0) {
       // K = 2: states e sit at bits 2e .. 2e+15 of one word. Three shifted copies put every state on a byte
-      // boundary, so each is cut with one SHR or PRMT: 12 ALU ops per 8 states instead of 15 (shift + mask). The
-      // integer ALU pipe is this kernel's limit on sm_90 (kernels/PERF.md, run 16).
+      // boundary, so each is cut with one SHR or PRMT: 12 ALU ops per 8 states instead of 15 (shift + mask).
       // the copies via inline PTX: written in C, the compiler folds (w << 2) >> 16 back into shift + mask
       const uint32_t w0 = w[0];
       uint32_t w1, w2, w3;
@@ -419,13 +372,13 @@ struct RowAffine {
 };
 
 // svh of this column chunk for the lanes that will finish row `warp` (warp < m). The integer kernel loads it as its
-// block starts: read at the very end, its latency sat on every call's critical path (-0.1 to -0.25 us per call,
-// kernels/PERF.md run 40). The fp16 kernel loads it just before its end (held through its main loop, it cost 0.5 us).
+// block starts (read at the end, its latency sat on every call's critical path); the fp16 kernel just before its
+// end (held through its main loop, it costs registers there).
 __device__ __forceinline__ uint2 prefetch_svh(const KernelArgs& p, int col_chunk, int warp, int lane) {
   return warp < p.m ? *reinterpret_cast<const uint2*>(p.svh + col_chunk * 128 + lane * 4) : uint2{0u, 0u};
 }
 
-// Split-K hand-over by ticket (kernels/PERF.md runs 48-56). A block of a split column chunk takes a ticket from the
+// Split-K hand-over by ticket. A block of a split column chunk takes a ticket from the
 // chunk's counter as soon as its main loop ends, with a relaxed atomic: no fence, and the round trip overlaps the
 // block's reduction. Every block then stores its partial sums; the block holding the last ticket sums all slices.
 // No release/acquire pair tells it that a slice has landed: the value itself does. The slots are zero before a call
@@ -435,8 +388,8 @@ __device__ __forceinline__ uint2 prefetch_svh(const KernelArgs& p, int col_chunk
 // non-zero.
 // It can only wait for blocks that took a ticket before it, which are resident and running. The fenced hand-over
 // (slots stored, release + atomic, then the loads) has three round trips after the reduction; this one has one.
-// The "memory" clobbers keep the slot accesses in program order; a volatile store instead of the asm one moved
-// ptxas's schedule and cost 0.25 us in one-row calls with no split (run 57).
+// The "memory" clobbers keep the slot accesses in program order (a volatile store instead of the asm one moved
+// ptxas's schedule of the unsplit calls too).
 __device__ __forceinline__ int take_ticket(const KernelArgs& p, int col_chunk, int contributors) {
   int t = 0;
   if (contributors > 1 && threadIdx.x == 0)
@@ -453,7 +406,7 @@ __device__ __forceinline__ uint32_t load_slot(const uint32_t* a) {
   return b;
 }
 
-// Split-K hand-over by fixed-point atomics (kernels/PERF.md runs 72-74). Every block of a split column chunk finishes
+// Split-K hand-over by fixed-point atomics. Every block of a split column chunk finishes
 // its own slice as far as it can (output Hadamard, * svh: both linear) and adds the result into one 64-bit slot per
 // (row, column) with an atomic that returns the old value. The slot holds [value: 48 bits | specials: 8 | arrivals:
 // 8]: the block whose add brings the arrivals to the number of slices has the whole sum in the returned value, with
@@ -557,7 +510,7 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
     __syncthreads();
     if (!is_last) {
       EXL3_STAMP(5);
-      EXL3_STAMP(kStampsEnd);
+      EXL3_STAMP_END();
       return;
     }
     if constexpr (kTicketMode) {
@@ -613,15 +566,15 @@ __device__ __forceinline__ void finish_block(const KernelArgs& p, float* red, fl
     }
   }
   EXL3_STAMP(5);
-  EXL3_STAMP(kStampsEnd);
+  EXL3_STAMP_END();
 }
 
 // One warp's stream of trellis slabs (16 x 128: tiles 8*col_chunk .. +7 of one k-tile row, contiguous in the
 // trellis) through its private cp.async ring. The ring has a power-of-two number of stages, so a stage's offset is
 // (i & (kStages - 1)) * kSlabBytes; the loads use a 32-bit shared address with the lane's offset folded in, and a
 // lane that loads nothing in a step has a zero count for it. Written so, the
-// integer kernel's K=2 main loop spends ~12 instructions per slab on the ring and the x' words instead of ~38
-// (kernels/PERF.md run 29): pointer compares and selects, and lane offsets that ptxas recomputed from the thread
+// integer kernel's K=2 main loop spends ~12 instructions per slab on the ring and the x' words instead of ~38:
+// pointer compares and selects, and lane offsets that ptxas recomputed from the thread
 // index every slab, were a sixth of the loop.
 template <int K2, int NW>
 struct SlabRing {
@@ -715,11 +668,11 @@ struct LaneWindow {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// fp16 kernel: 3INST and MCG (and mul1 when SPARKCTL_EXL3_MUL1_PATH=fp16)
+// fp16 kernel: 3INST and MCG (and mul1 when the tuning's mul1_fp16 is set)
 // ---------------------------------------------------------------------------------------------------------------
 
 template <int K2, int CB>
-__global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_kernel(const KernelArgs p) {
   using R = Rate<K2>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
@@ -739,7 +692,7 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
   // included (only the wait makes the previous kernel's writes visible, and weights may have just been written).
   grid_dependency_wait();
   // The x side first, as its own (oldest) cp.async group: the prologue waits for it alone, while the trellis
-  // slabs are still on their way (waiting for everything measured 23% of the warps' time, kernels/PERF.md run 19).
+  // slabs are still on their way (waiting for everything idled the warps for a quarter of their time).
   if (p.xprep != nullptr) {
     // this block's slabs 8*c0 .. 8*c1 of the prepared fragments: contiguous, 16*m units of 16 bytes per chunk
     const int units = 16 * m * nch;
@@ -863,14 +816,13 @@ __global__ void __launch_bounds__(kThreads, EXL3_MIN_BLOCKS) gemv_kernel(const K
 // (SPEC 2.3), so z[n] = sum_k w[k,n] x'[k] = k_inv * sum_k s[k,n] x'[k] + c0 * sum_k x'[k], c0 = 1024 k_inv + k_bias.
 // The byte sums need no instruction at all: the mma m16n8k32 u8 x s8 multiplies each of the hash's four bytes by
 // x'[k] repeated four times. x' is carried as 16-bit integers q = round(x' / d) (d = max |x'| / 32639 over what one
-// int32 sum covers: a warp's run of slabs per row, or the block's slice per row with the x' kernel), split into two signed
-// bytes q = 256 hi + lo; hi and lo are two COLUMNS of the same
-// B operand (column 2r = hi of row r, 2r + 1 = lo), so a lane's C fragment holds both halves of one row and one
+// int32 sum covers: a warp's run of slabs per row, or the block's slice per row with the x' kernel), split into
+// two signed bytes q = 256 hi + lo; hi and lo are two COLUMNS of the same B operand (column 2r = hi of row r, 2r + 1 = lo), so a lane's C fragment holds both halves of one row and one
 // tile costs two mmas for up to 4 rows, as the fp16 path does, while the per-weight work drops from IMAD + DP4A
 // to IMAD alone. Sums are exact int32 (at most 4096 inputs x 4 bytes x 255 x 128 < 2^31 per block). The only
 // rounding is x' to 16 bits (about 1e-5 relative), far below the fp16 rounding of the other path's x'.
 // Up to 4 rows (8 columns: hi and lo of each) fit one group. 5..8 rows would take a second group (G = 2: four mmas
-// per tile); they go through fp16 x' and one fp16 mma per tile instead (half_slabs), unless -DEXL3_HALF_ROWS=0.
+// per tile); they go through fp16 x' and one fp16 mma per tile instead (half_slabs).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
 constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 
@@ -908,8 +860,7 @@ __device__ __forceinline__ uint4 repeat_bytes(uint32_t w) {
 }
 
 // The warp's maximum of m >= 0 (every lane gets it). Non-negative floats order as their bits do, so this is one
-// integer warp reduction (REDUX) instead of five dependent shuffles: on the one-row prologue's critical path that
-// was 0.3-0.5 us per call (kernels/PERF.md run 41). The sums of q below use the same instruction.
+// integer warp reduction (REDUX) instead of five dependent shuffles, on the one-row prologue's critical path. The sums of q below use the same instruction.
 __device__ __forceinline__ float warp_max_abs(float m) {
   return __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(m)));
 }
@@ -987,10 +938,9 @@ __device__ __forceinline__ void xsuh_mma(float (&p)[4], const uint32_t (&h16)[4]
             h2_as_u32(__hmul2(u32_as_h2(xv.y), u32_as_h2(sv.y))));
 }
 
-// x' through the tensor cores (the integer kernel's prologues; EXL3_XPRIME_SHFL builds the shuffle butterfly
-// instead, for A/B timing). Element i = 16a + b of a chunk (a = 0..7, b = 0..15) and H128 = H8 (x) H16, so
+// x' through the tensor cores (the integer kernel's prologues). Element i = 16a + b of a chunk (a = 0..7, b = 0..15) and H128 = H8 (x) H16, so
 // x'*sqrt(128) = H8 . X . H16 with X[a][b]: two mmas and no shuffles, where the butterfly takes 20 shuffles and
-// ~50 dependent adds per row and chunk (its issue slots made the 8-row prologue ~7 us, kernels/PERF.md run 43).
+// ~50 dependent adds per row and chunk (too many issue slots for the prologue of several rows).
 // 1. P^T = (H16 / 16) . X^T as one m16n8k16 (A = the constant H16, B = X^T: lane (g, c) holds x*suh at 16g + 2c,
 //    +1, +8, +9, exactly the elements it loads), accumulated in fp32.
 // 2. Z = H8 . P as an m16n8k16 per 8 columns b, P entering as fp16 hi + lo parts along k (A = [H8 | H8], rows
@@ -998,7 +948,6 @@ __device__ __forceinline__ void xsuh_mma(float (&p)[4], const uint32_t (&h16)[4]
 //    carries 22 bits. The C fragment of stage 1 is the B fragment of stage 2 as it stands, and stage 2's C
 //    fragment is lane (g, c)'s x' at 16g + 2c, +1, +8, +9: the four values of its own B word of slab g.
 // The values come out multiplied by sqrt(128) / 16 (kXpScale undoes it in the scale d, so q is unchanged).
-#ifndef EXL3_XPRIME_SHFL
 constexpr float kXpScale = kHadScale * 16.0f;
 struct HadFrags {
   uint32_t h16[4];  // H16 / 16 as the stage-1 A fragment
@@ -1037,11 +986,6 @@ __device__ __forceinline__ void xprime_mma(uint2 xv, uint2 sv, const HadFrags& f
   v[2] = z1[0];
   v[3] = z1[1];
 }
-#else
-constexpr float kXpScale = 1.0f;
-struct HadFrags {};
-__device__ __forceinline__ HadFrags had_frags(int) { return HadFrags{}; }
-#endif
 
 // Lane (sl, c)'s four fp16 elements of a 128-chunk, 16 sl + 2c, +1, +8, +9, with v at the first: two 32-bit words
 // 8 elements apart (the layout of its B word, which both the tensor-core transform and the butterfly take).
@@ -1053,15 +997,11 @@ __device__ __forceinline__ uint2 lane_elems(const __half* v) {
 // maximum |x'| over them. Branch-free over the chunks, so their chains interleave.
 template <int H>
 __device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2 (&sv)[H], float (&v)[H][4],
-                                               const HadFrags& f, int lane) {
+                                               const HadFrags& f) {
   float mx = 0.0f;
 #pragma unroll
   for (int h = 0; h < H; ++h) {
-#ifndef EXL3_XPRIME_SHFL
     xprime_mma(xv[h], sv[h], f, v[h]);
-#else
-    xprime_values(xv[h], sv[h], v[h], lane);
-#endif
     mx = fmax_nan(mx, max_abs4(v[h]));
   }
   return warp_max_abs(mx);
@@ -1071,8 +1011,8 @@ __device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2
 // its run of n slabs (k-tile rows r0 .. r0+n-1, n >= 1) touches (at most H). It loads their x and suh straight into
 // registers, transforms them, quantises them with a scale of its own (its maximum |x'|) and packs the B words of its
 // own slabs (slab j of the run at xq[32 j]), with no block barrier: the warp's sums are scaled back at the end
-// (x' = d * q). Waiting for the whole block's x' and its maximum cost two barriers and ~3.5 us before the first mma
-// (kernels/PERF.md run 29). Returns d; *qs_out = the sum of q over the run (the k_bias term). The trellis ring's
+// (x' = d * q); waiting for the whole block's x' and its maximum would put two barriers before the first mma.
+// Returns d; *qs_out = the sum of q over the run (the k_bias term). The trellis ring's
 // first slab is requested with the x loads, the rest once x' is packed.
 template <int H, typename Ring>
 __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n, int lane,
@@ -1089,10 +1029,10 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
     xv[h] = lane_elems(p.x + off);
     sv[h] = lane_elems(p.suh + off);
   }
-  ring.load();  // one slab now, the rest once x' is packed: x comes back sooner (kernels/PERF.md run 34)
+  ring.load();  // one slab now, the rest once x' is packed: x comes back sooner
   EXL3_STAMP(2);
   float v[H][4];
-  const float mx = xprime_chunks<H>(xv, sv, v, had_frags(lane), lane);
+  const float mx = xprime_chunks<H>(xv, sv, v, had_frags(lane));
   const float inv = quant_inv(mx);
   int qs = 0;
 #pragma unroll
@@ -1117,17 +1057,17 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
   return mx * (kXpScale / kQMax);
 }
 
-// The prologue of a warp for 2..4G rows (one row: warp_prologue): the same per-warp x' as one row, with a scale
+// The prologue of a warp for 2..4 rows (one row: warp_prologue; 5-8 rows: warp_prologue_half): the same per-warp x' as one row, with a scale
 // and a sum of q per row, into the packed layout the main loop reads with 4 PRMT per slab (row r's hi and lo words
-// at lane slots 8 (r % 4) + c and + 4 of column group r / 4, as xprep_i8_kernel writes them). The separate x'
-// kernel and the block's copy of its output cost 4-8 us per call (kernels/PERF.md run 43). Each lane ends with
+// at lane slots 8 (r % 4) + c and + 4 of column group r / 4, as xprep_i8_kernel writes them), cheaper than the
+// separate x' kernel and the block's copy of its output. Each lane ends with
 // the scale and the sum of q of the rows its C fragment holds (row 4 cg + c of group cg), in d_lane / qs_lane.
 template <int H, int kRowCap, typename Ring>
 __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n,
-                                                   int lane, float (&d_lane)[kRowCap > 4 ? 2 : 1],
-                                                   int (&qs_lane)[kRowCap > 4 ? 2 : 1]) {
-  constexpr int G = kRowCap > 4 ? 2 : 1;
-  constexpr int kGroupRows = kRowCap < 4 ? kRowCap : 4;  // rows computed per column group
+                                                   int lane, float (&d_lane)[1], int (&qs_lane)[1]) {
+  static_assert(kRowCap <= 4, "5-8 rows take warp_prologue_half");
+  constexpr int G = 1;
+  constexpr int kGroupRows = kRowCap;  // rows computed per column group
   const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;
   const int c = lane & 3, sl = lane >> 2;
   const int m = p.m;
@@ -1149,29 +1089,13 @@ __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t
     sv[h] = lane_elems(p.suh + off);
   }
   load_x(0);
-#ifndef EXL3_NO_X_PREFETCH
-  if constexpr (G == 2) {
-    // the second group's x into L1 now (no registers to hold it), so its loads below do not wait on L2
-    for (int j = lane; j < 8 * H; j += 32) {
-      const int i = j / (2 * H), h = (j >> 1) % H;
-      const __half* xr = p.x + static_cast<size_t>(min(4 + i, m - 1)) * p.in_features +
-                         static_cast<size_t>(min(cfirst + h, clast)) * 128 + (j & 1) * 64;
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(xr));
-    }
-  }
-#endif
   ring.load();
   EXL3_STAMP(2);
   const HadFrags f = had_frags(lane);
   // The rows of a column group two at a time (rows past m repeat the last one; their words go to B columns no
-  // row reads), so their mma and reduction chains overlap: one row at a time, each waited on its own chain; four at
-  // a time held so many values that 3-4 rows were 0.1-0.5 us slower and two groups spilled (kernels/PERF.md run 45).
-  // -DEXL3_ROWS_PASS=N (A/B timing) sets the pass for one group.
-#ifndef EXL3_ROWS_PASS
-#define EXL3_ROWS_PASS 2
-#endif
-  constexpr int kPass = G == 1 ? EXL3_ROWS_PASS : 2;
-  constexpr int P = kGroupRows < kPass ? kGroupRows : kPass;
+  // row reads), so their mma and reduction chains overlap (one at a time waits on each chain, four hold too many
+  // values).
+  constexpr int P = kGroupRows < 2 ? kGroupRows : 2;
   static_assert(kGroupRows % P == 0, "a column group's rows in whole passes");
 #pragma unroll
   for (int cg = 0; cg < G; ++cg) {
@@ -1182,7 +1106,7 @@ __device__ __forceinline__ void warp_prologue_rows(const KernelArgs& p, uint32_t
     for (int i0 = 0; i0 < kGroupRows; i0 += P) {
       float v[P][H][4];
 #pragma unroll
-      for (int i = 0; i < P; ++i) mx[i0 + i] = xprime_chunks<H>(xv[i0 + i], sv, v[i], f, lane);
+      for (int i = 0; i < P; ++i) mx[i0 + i] = xprime_chunks<H>(xv[i0 + i], sv, v[i], f);
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         const float inv = quant_inv(mx[i0 + i]);
@@ -1226,7 +1150,7 @@ __host__ __device__ constexpr int warp_chunks(int n) { return n % 8 == 0 ? n / 8
 // slab, lane l's word at xqp[32 cg], its bytes repeated here (4 PRMT per slab and group). Repeated layout (one row,
 // G = 1, written by warp_prologue): per slab 8 uint4 already repeated, hi then lo part for c = 0..3, which lanes of
 // B columns 0 and 1 (g < 2) need; the other lanes' columns belong to no row, so they read a copy (column g & 1).
-// The same 128 bytes per slab, 4 ALU instructions per slab fewer (kernels/PERF.md run 40).
+// The same 128 bytes per slab, 4 ALU instructions per slab fewer.
 template <int K2, int G, bool kBRepeated, typename Ring>
 __device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint32_t* xqp,
                                          int (&acc)[G][8][4], int count) {
@@ -1260,25 +1184,18 @@ __device__ __forceinline__ void i8_slabs(Ring& ring, const LaneWindow<K2>& lw, c
   }
 }
 
-// 5..8 rows (kernels/PERF.md run 59): the integer mma's B operand holds 8 columns, i.e. the hi and lo parts of four
-// rows, so 5-8 rows took a second column group and four integer mmas per tile, each holding the scheduler ~6 cycles:
-// the main loop ran 36% longer than one row's. Here x' stays fp16 (as the spec's reference and the fp16 kernel have
+// 5..8 rows: the integer mma's B operand holds 8 columns, i.e. the hi and lo parts of four rows, so 5-8 rows would
+// take a second column group and four integer mmas per tile, each holding the scheduler ~6 cycles. Here x' stays fp16 (as the spec's reference and the fp16 kernel have
 // it), one B column per row, and a tile's 8 weights per lane are decoded to fp16 (1024 + byte sum, DP4A) and packed
 // two per register by PRMT, so a tile is ONE fp16 mma for up to 8 rows: 8 DP4A + 4 PRMT per tile instead of 2 more
 // mmas. The affine map is applied to the sums: y = k_inv * sum (1024 + s) x' + k_bias * sum x'.
-// -DEXL3_HALF_ROWS=0 builds the two-group integer class instead (A/B timing).
-#ifndef EXL3_HALF_ROWS
-#define EXL3_HALF_ROWS 1
-#endif
-__host__ __device__ constexpr bool half_rows(int row_cap) { return EXL3_HALF_ROWS != 0 && row_cap > 4; }
+__host__ __device__ constexpr bool half_rows(int row_cap) { return row_cap > 4; }
 
 // The main loop of the 5-8 row class: `count` slabs, B fragments at xqp[32 j] (lane (g, c): row g's x' at k = 2c,
 // 2c+1 and 2c+8, 2c+9 of slab j). sacc gets the sums of x' the k_bias term needs, by one more mma per slab with A =
 // ones: its C fragment holds them for rows 2c, 2c + 1, where the lane's C fragment of acc has its rows. They are
-// sums of the rounded values the mma sees, as they must be (the k_bias term cancels most of k_inv * 1024 * sum x',
-// kernels/PERF.md runs 59-64). Summed in the prologue instead (fp32 adds and a 12-shuffle reduce-scatter, on the
-// path to the first mma), 5-8 row calls took 0.1-0.3 us longer at 4096x14336 and 14336x4096 and 0.55-0.7 us longer
-// at 4096x4096 (runs 67-69).
+// sums of the rounded values the mma sees, as they must be (the k_bias term cancels most of k_inv * 1024 * sum x'),
+// and off the path to the first mma, where summing them in the prologue would put them.
 template <int K2, typename Ring>
 __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw, const uint2* xqp,
                                            float (&acc)[8][4], float (&sacc)[4], int count) {
@@ -1307,7 +1224,7 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 
 // The prologue of a warp for 5..8 rows: x' of every row for the warp's H chunks in fp16, written as the main loop's B
 // fragments (slab j of the run at xq[32 j], lane slot 4 row + c). The tensor-core transform of xprime_mma, cut
-// down for fp16 x' (kernels/PERF.md runs 60-62):
+// down for fp16 x':
 // * Lane (sl, c) loads elements 16 sl + 4c .. 4c + 3 of each chunk (one 64-bit load, not two 32-bit ones; the x of
 //   eight rows is what the block's first microseconds move) and stage 1's A fragment takes H16's columns in that
 //   order (column k of A is H16's column 4c + (k & 1) + 2 ((k >> 3) & 1) for the k = 2c, 2c+1, 2c+8, 2c+9 a lane
@@ -1317,8 +1234,7 @@ __device__ __forceinline__ void half_slabs(Ring& ring, const LaneWindow<K2>& lw,
 //   C are x' at 16 sl + 2c, +1 and rows 8..15 at +8, +9. Three mmas per row and chunk become two. (Two rows per
 //   mma, one per diagonal block, took the same count, but 0 * inf made a row with an inf turn its partner NaN.)
 // * What is stored is x' / sqrt2 (the transform's own scale: the end of the block multiplies the sums by sqrt2), and
-//   the rows' loop has no branch per row (the store predicated) so their chains interleave:
-//   14336x4096 8 rows -0.6 us (run 62).
+//   the rows' loop has no branch per row (the store predicated) so their chains interleave.
 // Rows 0..5 always run (the class has at least 5; a sixth past m repeats the fifth), rows 6 and 7 only when
 // present. Rows past m write B columns that only reach C columns the end of the block ignores.
 template <int H, typename Ring>
@@ -1379,13 +1295,9 @@ __device__ __forceinline__ void warp_prologue_half(const KernelArgs& p, uint2* x
 // Whole 128-row chunks per warp (its runs then start and end on chunk boundaries, so its x' prologue transforms no
 // chunk it does not use) when the block's chunks do not split evenly over the warps but the warps taking one more
 // chunk fill whole groups of four (warp w runs on scheduler w % 4, so every scheduler gets the same number of
-// slabs): e.g. 28 chunks, 12 warps with 2 and 4 with 1, where equal runs were 14 slabs over up to 3 chunks
-// (14336x4096 at ksplit 4). -DEXL3_CHUNK_RUNS=0 keeps equal runs (A/B timing).
-#ifndef EXL3_CHUNK_RUNS
-#define EXL3_CHUNK_RUNS 1
-#endif
+// slabs): e.g. 28 chunks, 12 warps with 2 and 4 with 1, where equal runs were 14 slabs over up to 3 chunks.
 __device__ __forceinline__ bool chunk_runs(int nch, int nw) {
-  return EXL3_CHUNK_RUNS && nch > nw && (nch % nw) % 4 == 0 && nch % nw != 0;
+  return nch > nw && (nch % nw) % 4 == 0 && nch % nw != 0;
 }
 
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
@@ -1504,8 +1416,8 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
   } else {
     i8_slabs<K2, G, false>(ring, lw, xq_run + lane, acc, n);
   }
-  // The next kernel's launch overlaps this block's end (and its blocks take the SMs this grid leaves idle): 0.25-0.45
-  // us per call with one row; with the x' kernel following (xprep path) it did not pay (kernels/PERF.md run 32).
+  // The next kernel's launch overlaps this block's end (its blocks take the SMs this grid leaves idle); not when the
+  // x' kernel comes first (xprep path), where it did not pay.
   const int ticket = kMode == kTicketHandOver ? take_ticket(p, col_chunk, contributors) : 0;
   if (!prepped) trigger_dependents();
   cp_async_wait<0>();
@@ -1557,11 +1469,10 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
                           part, static_cast<size_t>(m) * p.out_features, p.out_features, svh_pre);
 }
 
-// One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel. (A stream-K grid,
-// equal runs of units crossing column chunks, balanced the main loops but paid the per-segment prologue and end
-// twice in most blocks: 22.3 us against 21.2, kernels/PERF.md run 23.)
+// One block = one column chunk x one slice of the input chunks (split-K), as the fp16 kernel (a stream-K grid pays
+// the per-segment prologue and end twice in most blocks).
 template <int K2, int kRowCap>
-__global__ void __launch_bounds__(kWarpsI8 * 32, EXL3_I8_MIN_BLOCKS) gemv_i8_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kWarpsI8 * 32, kMinBlocksI8) gemv_i8_kernel(const KernelArgs p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int n_k = p.in_features >> 7;
   const int split = blockIdx.y;
@@ -1577,8 +1488,7 @@ __global__ void __launch_bounds__(kWarpsI8 * 32, EXL3_I8_MIN_BLOCKS) gemv_i8_ker
 __global__ void __launch_bounds__(kThreads) xprep_kernel(const __half* x, const __half* suh, uint32_t* frag32, int m,
                                                          int in_features) {
   // No early griddepcontrol.launch_dependents: GEMV blocks launched early sit on the SMs waiting for this grid and
-  // crowd out its blocks (8 rows: 38.6 us with an early trigger, 29-30 us without; kernels/PERF.md run 11). The
-  // implicit trigger at block exit still lets them start on the SMs this grid frees.
+  // crowd out its blocks; the implicit trigger at block exit still lets them start on the SMs this grid frees.
   grid_dependency_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int item = blockIdx.x * kWarps + warp;
@@ -1634,7 +1544,7 @@ __global__ void __launch_bounds__(kThreads) xprep_i8_kernel(const __half* x, con
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Host side: the list of compiled (rate, codebook) pairs, the split-K choice and the launch
+// Host side: the compiled (rate, codebook) pairs, the tuning, the per-device facts, the plan and the launch
 // ---------------------------------------------------------------------------------------------------------------
 
 typedef void (*KernelFn)(const KernelArgs);
@@ -1658,29 +1568,45 @@ KernelInfo info_i8() {
                     kRowCap > 4 ? 2 : 1, kWarpsI8, half_rows(kRowCap)};
 }
 
-// mul1 goes through the integer kernel unless SPARKCTL_EXL3_MUL1_PATH=fp16 (kept for A/B timing and checks).
-// The planner's settings (this one, SPARKCTL_EXL3_I8_MAX_ROWS, _XPREP_MIN_ROWS and _SMEM_LIMIT) are read on every
-// call; sparkctl_exl3/cuda.py keys the workspace sizes it caches on them (_PLAN_SETTINGS), so a new setting that
-// can change the plan belongs in that list too.
-bool mul1_int_path() {
-  const char* v = getenv("SPARKCTL_EXL3_MUL1_PATH");
-  return !(v && strcmp(v, "fp16") == 0);
+// The process's tuning: the defaults, overridden once by the environment (so a whole run can be switched from the
+// shell), afterwards only by exl3_gemv_set_tuning. Every plan takes a copy, so a change never reaches half a call.
+std::mutex g_tuning_mu;
+Exl3GemvTuning g_tuning;
+bool g_tuning_ready = false;
+
+int env_int(const char* name, int fallback) {
+  const char* v = getenv(name);
+  return v && v[0] ? atoi(v) : fallback;
+}
+
+Exl3GemvTuning tuning_from_env() {
+  Exl3GemvTuning t;
+  const char* path = getenv("SPARKCTL_EXL3_MUL1_PATH");
+  t.mul1_fp16 = path && strcmp(path, "fp16") == 0;
+  t.i8_max_rows = env_int("SPARKCTL_EXL3_I8_MAX_ROWS", kMaxRows);
+  const int xprep = env_int("SPARKCTL_EXL3_XPREP_MIN_ROWS", 0);
+  t.xprep_min_rows = getenv("SPARKCTL_EXL3_XPREP_MIN_ROWS") && xprep < 1 ? 1 : xprep;
+  t.smem_limit = env_int("SPARKCTL_EXL3_SMEM_LIMIT", 0);
+  t.pdl = env_int("SPARKCTL_EXL3_NO_PDL", 0) == 1 ? 0 : 1;
+  return t;
+}
+
+Exl3GemvTuning current_tuning() {
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  if (!g_tuning_ready) {
+    g_tuning = tuning_from_env();
+    g_tuning_ready = true;
+  }
+  return g_tuning;
 }
 
 // The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
 // in both the fp16 and the integer kernel. The integer kernel has four row classes: one row (its own B layout and
-// prologue, whose registers the multi-row code must not touch: kernels/PERF.md run 44), 2 rows and 3-4 rows (one
-// column group; the prologue computes the class's rows together, so 2 rows do not pay for 4) and 5-8 rows (fp16 x'
-// and one fp16 mma per tile, half_slabs: kernels/PERF.md runs 59-62). Most rows mul1 takes through the integer
-// kernel (SPARKCTL_EXL3_I8_MAX_ROWS, default 8, for A/B timing); the fp16 kernel, with its block-wide x', took
-// 24.6-26.8 us at 8 rows (run 43) where this class takes 17.8-18.4 (runs 64-65).
-int i8_max_rows() {
-  const char* v = getenv("SPARKCTL_EXL3_I8_MAX_ROWS");
-  return v && v[0] ? atoi(v) : 8;
-}
-
-bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
-  if (cb == 2 && m <= i8_max_rows() && mul1_int_path()) {
+// prologue), 2 rows and 3-4 rows (one column group; the prologue computes the class's rows together, so 2 rows do
+// not pay for 4) and 5-8 rows (fp16 x' and one fp16 mma per tile, half_slabs). mul1 takes the integer kernel up to
+// the tuning's i8_max_rows (default 8: it beats the fp16 kernel's block-wide x' at every row count).
+bool find_kernel(int k2, int cb, int m, const Exl3GemvTuning& t, KernelInfo* out) {
+  if (cb == 2 && m <= t.i8_max_rows && !t.mul1_fp16) {
 #define EXL3_I8(K2_)                                                                 \
   if (k2 == K2_) {                                                                   \
     *out = m == 1   ? info_i8<K2_, 1>()                                             \
@@ -1718,27 +1644,64 @@ bool find_kernel(int k2, int cb, int m, KernelInfo* out) {
 
 thread_local char g_error[256];
 
-// PDL needs sm_90+; SPARKCTL_EXL3_NO_PDL=1 turns it off (for A/B timing).
-bool use_pdl() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  const char* off = getenv("SPARKCTL_EXL3_NO_PDL");
-  return major >= 9 && !(off && off[0] == '1');
-}
-
 int fail_cuda(cudaError_t e, const char* what) {
   snprintf(g_error, sizeof(g_error), "EXL3 GEMV: %s failed: %s", what, cudaGetErrorString(e));
   return EXL3_ERR_CUDA;
 }
 
-int validate(const Exl3GemvParams* p, KernelInfo* k) {
-  if (p->m < 1 || p->m > kMaxRows) return EXL3_ERR_ROWS;
-  if (p->in_features <= 0 || p->out_features <= 0 || p->in_features % 128 || p->out_features % 128) return EXL3_ERR_SHAPE;
-  if (p->codebook < 0 || p->codebook > 2) return EXL3_ERR_CODEBOOK;
-  if (p->k2 < 2 || p->k2 > 16) return EXL3_ERR_BITS;
-  if ((p->k2 & 1) && p->codebook != 2) return EXL3_ERR_CODEBOOK;
-  if (!find_kernel(p->k2, p->codebook, p->m, k)) return EXL3_ERR_BITS;
+// What the planner needs to know about a device, asked of the runtime once per device: a launch then costs no
+// attribute query.
+struct DeviceInfo {
+  int sms;         // multiprocessors
+  int smem_optin;  // shared memory one block may have: 99 KiB on sm_120/121, 227 KiB on sm_90
+  int major;       // compute capability (PDL needs 9+)
+};
+constexpr int kMaxDevices = 64;
+struct DeviceSlot {
+  std::atomic<bool> ready{false};
+  DeviceInfo info{};
+};
+DeviceSlot g_devices[kMaxDevices];
+std::mutex g_devices_mu;
+
+int device_info(DeviceInfo* out) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached && g_devices[dev].ready.load(std::memory_order_acquire)) {
+    *out = g_devices[dev].info;
+    return EXL3_OK;
+  }
+  DeviceInfo d{};
+  e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
+  e = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(shared memory per block)");
+  e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(compute capability)");
+  if (cached) {
+    std::lock_guard<std::mutex> lock(g_devices_mu);
+    if (!g_devices[dev].ready.load(std::memory_order_relaxed)) {
+      g_devices[dev].info = d;
+      g_devices[dev].ready.store(true, std::memory_order_release);
+    }
+  }
+  *out = d;
+  return EXL3_OK;
+}
+
+// The one shape rule (exl3_gemv_supports): rows, multiples of 128, a codebook, a compiled rate.
+int check_shape(int m, int in_features, int out_features, int k2, int codebook) {
+  if (m < 1 || m > kMaxRows) return EXL3_ERR_ROWS;
+  if (in_features <= 0 || out_features <= 0 || in_features % 128 || out_features % 128) return EXL3_ERR_SHAPE;
+  if (codebook < 0 || codebook > 2) return EXL3_ERR_CODEBOOK;
+  if (k2 < 2 || k2 > 16) return EXL3_ERR_BITS;
+  if ((k2 & 1) && codebook != 2) return EXL3_ERR_CODEBOOK;
+  KernelInfo k;
+  Exl3GemvTuning fp16_only{};  // every supported pair has an fp16 instance, whatever the tuning picks
+  fp16_only.mul1_fp16 = 1;
+  if (!find_kernel(k2, codebook, m, fp16_only, &k)) return EXL3_ERR_BITS;
   return EXL3_OK;
 }
 
@@ -1752,54 +1715,20 @@ int smem_bytes(const Exl3GemvParams* p, const KernelInfo& k, int ksplit, bool pr
   return smem_for_chunks(p, k, (n_chunks_k + ksplit - 1) / ksplit, prepped);
 }
 
-// Rows from which the input transform runs once per call in its own kernel (SPARKCTL_EXL3_XPREP_MIN_ROWS, for both
-// kernels when set): by default 2 for the fp16 kernel (with one row the per-block transform is cheaper than a
-// second launch) and never for the integer kernel, whose warps prepare their own x' for any row count (the x'
-// kernel and its copy cost 4-8 us per call there, kernels/PERF.md run 43).
-bool uses_xprep(const Exl3GemvParams* p, const KernelInfo& k) {
+// Whether the input transform runs once per call in its own kernel: by default from 2 rows in the fp16 kernel
+// (with one row the per-block transform is cheaper than a second launch) and never in the integer kernel, whose
+// warps prepare their own x' for any row count (cheaper than the x' kernel and its copy); the tuning's
+// xprep_min_rows moves the threshold for both.
+bool uses_xprep(const Exl3GemvParams* p, const KernelInfo& k, const Exl3GemvTuning& t) {
   if (k.fused_xprime) return false;
-  const char* v = getenv("SPARKCTL_EXL3_XPREP_MIN_ROWS");
-  if (v && v[0]) return p->m >= atoi(v);
+  if (t.xprep_min_rows > 0) return p->m >= t.xprep_min_rows;
   return k.groups == 0 && p->m >= 2;
 }
 
-// One attribute of the current device.
-int device_attr(cudaDeviceAttr attr, const char* what, int* out) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
-  e = cudaDeviceGetAttribute(out, attr, dev);
-  if (e != cudaSuccess) return fail_cuda(e, what);
-  return EXL3_OK;
-}
-
-// Shared memory one block may have: 99 KiB on sm_120/121, 227 KiB on sm_90; SPARKCTL_EXL3_SMEM_LIMIT (bytes) lowers
-// it, so a big GPU can check a small GPU's choices.
-int smem_limit(int* limit) {
-  const int st = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, "cudaDeviceGetAttribute(shared memory per block)", limit);
-  if (st != EXL3_OK) return st;
-  const char* cap = getenv("SPARKCTL_EXL3_SMEM_LIMIT");
-  if (cap && atoi(cap) > 0 && atoi(cap) < *limit) *limit = atoi(cap);
-  return EXL3_OK;
-}
-
-int sm_count(int* sms) {
-  return device_attr(cudaDevAttrMultiProcessorCount, "cudaDeviceGetAttribute(multiprocessors)", sms);
-}
-
-// Smallest split: at most kMaxChunksPerBlock (fp16 kernel) or kMaxChunksPerBlockI8 chunks per block, and a block's
-// shared memory within the device's limit.
-int min_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int* out) {
-  int limit = 0;
-  const int st = smem_limit(&limit);
-  if (st != EXL3_OK) return st;
-  const int n_chunks_k = p->in_features / 128;
-  const int most = k.groups > 0 ? kMaxChunksPerBlockI8 : kMaxChunksPerBlock;
-  int ks = (n_chunks_k + most - 1) / most;
-  while (ks < n_chunks_k && smem_bytes(p, k, ks, uses_xprep(p, k)) > limit) ++ks;
-  if (smem_bytes(p, k, ks, uses_xprep(p, k)) > limit) return EXL3_ERR_KSPLIT;
-  *out = ks;
-  return EXL3_OK;
+// Shared memory one block may use: the device's, or the tuning's smem_limit when lower (a big GPU checking a small
+// GPU's choices).
+int smem_limit(const DeviceInfo& d, const Exl3GemvTuning& t) {
+  return t.smem_limit > 0 && t.smem_limit < d.smem_optin ? t.smem_limit : d.smem_optin;
 }
 
 // How a call's split column chunks are handed over: by row class in the integer kernel, fenced in the fp16 kernel.
@@ -1807,32 +1736,50 @@ HandOver call_hand_over(const Exl3GemvParams* p, const KernelInfo& k) {
   return k.groups > 0 ? hand_over(p->m) : kFencedHandOver;
 }
 
-// Split-K choice (lo: the smallest split allowed): enough blocks that every multiprocessor gets two of them (one
-// block of 8 warps cannot hide the decode latency alone), balanced against the per-block fixed cost (x' prologue,
-// pipeline fill, reduction). Model: a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2)
-// time units (two blocks of 8 warps share it), or b * (c + 1) for blocks of 16 warps (one at a time).
-int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chosen) {
-  int sms = 0;
-  const int st = sm_count(&sms);
-  if (st != EXL3_OK) return st;
+// Everything a launch needs to know: the kernel, its grid and scratch, read from the tuning and the device once.
+struct Plan {
+  KernelInfo k;
+  bool xprep;      // x' prepared by its own kernel first
+  bool pdl;        // programmatic dependent launch
+  int lo, hi;      // the splits this call accepts
+  int ksplit;      // input-dimension split: the grid is (O / 128) x ksplit
+  int max_chunks;  // most input chunks one block holds
+  size_t partial_floats, xprep_halfs;
+  size_t workspace_ints;  // the zeroed int32 workspace (p->counters): counters, then the ticket or fixed-point slots
+};
+
+// The splits a call accepts: at most kMaxChunksPerBlock (fp16 kernel) or kMaxChunksPerBlockI8 chunks per block, a
+// block's shared memory within the limit, and at most kMaxFixedSplit slices for the fixed-point hand-over.
+int ksplit_range(const Exl3GemvParams* p, const DeviceInfo& d, const Exl3GemvTuning& t, Plan* pl) {
+  const int n_chunks_k = p->in_features / 128;
+  const int most = pl->k.groups > 0 ? kMaxChunksPerBlockI8 : kMaxChunksPerBlock;
+  const int limit = smem_limit(d, t);
+  int ks = (n_chunks_k + most - 1) / most;
+  while (ks < n_chunks_k && smem_bytes(p, pl->k, ks, pl->xprep) > limit) ++ks;
+  if (smem_bytes(p, pl->k, ks, pl->xprep) > limit) return EXL3_ERR_KSPLIT;
+  pl->lo = ks;
+  const bool fixed = call_hand_over(p, pl->k) == kFixedHandOver;
+  pl->hi = fixed && n_chunks_k > kMaxFixedSplit ? kMaxFixedSplit : n_chunks_k;
+  return pl->lo <= pl->hi ? EXL3_OK : EXL3_ERR_KSPLIT;
+}
+
+// Split-K choice: enough blocks that every multiprocessor gets two of them (one block of 8 warps cannot hide the
+// decode latency alone), balanced against the per-block fixed cost (x' prologue, pipeline fill, reduction). Model:
+// a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2) time units (two blocks of 8 warps
+// share it), or b * (c + 1) for blocks of 16 warps (one at a time).
+int auto_ksplit(const Exl3GemvParams* p, const Plan& pl, const DeviceInfo& d) {
+  const int sms = d.sms;
   const int n_chunks_k = p->in_features / 128;
   const int n_chunks_n = p->out_features / 128;
   // Integer kernel: when the column chunks alone fill one wave of the multiprocessors (80-100% of them), no split
-  // at all: an SM decodes as fast with one long block as with two halves, and the partial-sum exchange is saved
-  // (4096x14336 on the H200: 18.7 us against 19.2 with ksplit 2, kernels/PERF.md run 26).
-  if (k.groups > 0 && lo == 1 && n_chunks_n <= sms && 5 * n_chunks_n >= 4 * sms) {
-    *chosen = 1;
-    return EXL3_OK;
-  }
-  // Blocks of 16 warps (the integer kernel) run one per SM: the cost is then waves x work per block.
-  const bool one_per_sm = k.warps >= 16;
-  int best = lo;
+  // at all: an SM decodes as fast with one long block as with two halves, and the partial-sum exchange is saved.
+  if (pl.k.groups > 0 && pl.lo == 1 && n_chunks_n <= sms && 5 * n_chunks_n >= 4 * sms) return 1;
+  const bool one_per_sm = pl.k.warps >= 16;
+  int best = pl.lo;
   double best_cost = 1e30;
-  const bool fixed = call_hand_over(p, k) == kFixedHandOver;  // at most kMaxFixedSplit slices
-  const int hi = fixed && n_chunks_k > kMaxFixedSplit ? kMaxFixedSplit : n_chunks_k;
-  for (int ks = lo; ks <= hi; ++ks) {
+  for (int ks = pl.lo; ks <= pl.hi; ++ks) {
     const int per_block = (n_chunks_k + ks - 1) / ks;
-    if (ks > lo && per_block == (n_chunks_k + ks - 2) / (ks - 1)) continue;  // same work per block, more blocks
+    if (ks > pl.lo && per_block == (n_chunks_k + ks - 2) / (ks - 1)) continue;  // same work per block, more blocks
     const long long blocks = static_cast<long long>(n_chunks_n) * ks;
     const long long per_sm = (blocks + sms - 1) / sms;
     const double unit = per_block + 1.0;
@@ -1842,72 +1789,44 @@ int auto_ksplit(const Exl3GemvParams* p, const KernelInfo& k, int lo, int* chose
       best = ks;
     }
   }
-  *chosen = best;
-  return EXL3_OK;
+  return best;
 }
 
-// Everything a launch needs to know about its grid and scratch.
-struct Schedule {
-  int ksplit;      // input-dimension split: the grid is (O / 128) x ksplit
-  int max_chunks;  // most input chunks one block holds
-  size_t partial_floats, xprep_halfs;
-  size_t workspace_ints;  // the zeroed int32 workspace (p->counters): counters, then the ticket or fixed-point slots
-};
-
-int schedule(const Exl3GemvParams* p, const KernelInfo& k, Schedule* out) {
-  const int n_k = p->in_features / 128;
-  int lo = 0;
-  int st = min_ksplit(p, k, &lo);
+// The plan of a call (what exl3_gemv_plan reports and exl3_gemv_launch runs: one computation for both).
+int plan_call(const Exl3GemvParams* p, Plan* pl) {
+  int st = check_shape(p->m, p->in_features, p->out_features, p->k2, p->codebook);
   if (st != EXL3_OK) return st;
-  int ks = p->ksplit;
-  if (ks == 0) {
-    st = auto_ksplit(p, k, lo, &ks);
-    if (st != EXL3_OK) return st;
-  }
-  if (ks < lo || ks > n_k) return EXL3_ERR_KSPLIT;
-  out->ksplit = ks;
-  out->max_chunks = (n_k + ks - 1) / ks;
+  const Exl3GemvTuning t = current_tuning();
+  if (!find_kernel(p->k2, p->codebook, p->m, t, &pl->k)) return EXL3_ERR_BITS;
+  DeviceInfo d;
+  st = device_info(&d);
+  if (st != EXL3_OK) return st;
+  pl->xprep = uses_xprep(p, pl->k, t);
+  pl->pdl = d.major >= 9 && t.pdl != 0;
+  st = ksplit_range(p, d, t, pl);
+  if (st != EXL3_OK) return st;
+  const int ks = p->ksplit != 0 ? p->ksplit : auto_ksplit(p, *pl, d);
+  if (ks < pl->lo || ks > pl->hi) return EXL3_ERR_KSPLIT;
+  const int n_k = p->in_features / 128;
+  pl->ksplit = ks;
+  pl->max_chunks = (n_k + ks - 1) / ks;
   const size_t split_floats = ks > 1 ? static_cast<size_t>(ks) * p->m * p->out_features : 0;
-  const HandOver h = call_hand_over(p, k);
+  const HandOver h = call_hand_over(p, pl->k);
   const bool fixed = h == kFixedHandOver, ticket = h == kTicketHandOver;
-  if (fixed && ks > kMaxFixedSplit) return EXL3_ERR_KSPLIT;
-  out->partial_floats = fixed || ticket ? 0 : split_floats;
+  pl->partial_floats = fixed || ticket ? 0 : split_floats;
   // ticket slots: one per (slice, row, column); fixed-point slots: one 64-bit word per (row, column)
   const size_t fixed_ints = fixed && ks > 1 ? 2 * static_cast<size_t>(p->m) * p->out_features : 0;
-  out->workspace_ints = slots_offset(p->out_features) + (ticket ? split_floats : fixed_ints);
+  pl->workspace_ints = slots_offset(p->out_features) + (ticket ? split_floats : fixed_ints);
   // x' scratch: fp16 fragments (fp16 kernel), or packed 16-bit x' with its scales (integer kernel)
   const size_t mi = static_cast<size_t>(p->m) * p->in_features;
-  out->xprep_halfs =
-      !uses_xprep(p, k) ? 0 : (k.groups > 0 ? (XprepI8(p->m, ks, out->max_chunks, k.groups).bytes + 15) / 16 * 8 : mi);
+  pl->xprep_halfs = !pl->xprep ? 0
+                    : pl->k.groups > 0 ? (XprepI8(p->m, ks, pl->max_chunks, pl->k.groups).bytes + 15) / 16 * 8
+                                       : mi;
   return EXL3_OK;
 }
 
-// The kernel and the schedule of a call (what plan reports and launch runs: one computation for both).
-int plan_call(const Exl3GemvParams* p, KernelInfo* k, Schedule* sc) {
-  const int st = validate(p, k);
-  if (st != EXL3_OK) return st;
-  return schedule(p, *k, sc);
-}
-
-}  // namespace exl3
-
-extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
-                              size_t* workspace_ints) {
-  using namespace exl3;
-  KernelInfo k;
-  Schedule sc;
-  const int st = plan_call(p, &k, &sc);
-  if (st != EXL3_OK) return st;
-  *ksplit = sc.ksplit;
-  *partial_floats = sc.partial_floats;
-  *xprep_halfs = sc.xprep_halfs;
-  *workspace_ints = sc.workspace_ints;
-  return EXL3_OK;
-}
-
-namespace exl3 {
-
-cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, void** args, int threads = kWarps * 32) {
+cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, void** args, bool pdl,
+                   int threads = kWarps * 32) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(threads);
@@ -1917,7 +1836,7 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
   // kernel's griddepcontrol.wait comes before its first global memory access.
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = use_pdl() ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   cudaError_t e = cudaLaunchKernelExC(&cfg, fn, args);
@@ -1926,20 +1845,53 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
 
 }  // namespace exl3
 
+extern "C" int exl3_gemv_supports(int m, int in_features, int out_features, int k2, int codebook) {
+  return exl3::check_shape(m, in_features, out_features, k2, codebook);
+}
+
+extern "C" void exl3_gemv_get_tuning(Exl3GemvTuning* t) { *t = exl3::current_tuning(); }
+
+extern "C" void exl3_gemv_set_tuning(const Exl3GemvTuning* t) {
+  std::lock_guard<std::mutex> lock(exl3::g_tuning_mu);
+  exl3::g_tuning = *t;
+  exl3::g_tuning_ready = true;
+}
+
+extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
+                              size_t* workspace_ints) {
+  exl3::Plan pl;
+  const int st = exl3::plan_call(p, &pl);
+  if (st != EXL3_OK) return st;
+  *ksplit = pl.ksplit;
+  *partial_floats = pl.partial_floats;
+  *xprep_halfs = pl.xprep_halfs;
+  *workspace_ints = pl.workspace_ints;
+  return EXL3_OK;
+}
+
+extern "C" int exl3_gemv_ksplit_range(const Exl3GemvParams* p, int* lo, int* hi) {
+  Exl3GemvParams q = *p;
+  q.ksplit = 0;
+  exl3::Plan pl;
+  const int st = exl3::plan_call(&q, &pl);
+  if (st != EXL3_OK) return st;
+  *lo = pl.lo;
+  *hi = pl.hi;
+  return EXL3_OK;
+}
+
 extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   using namespace exl3;
-  KernelInfo k;
-  Schedule sc;
-  const int st = plan_call(p, &k, &sc);
+  Plan pl;
+  const int st = plan_call(p, &pl);
   if (st != EXL3_OK) return st;
-  const size_t partial_floats = sc.partial_floats, xprep_halfs = sc.xprep_halfs;
-  int ks = sc.ksplit;
+  int ks = pl.ksplit;
   const uintptr_t any = reinterpret_cast<uintptr_t>(p->x) | reinterpret_cast<uintptr_t>(p->trellis) |
                         reinterpret_cast<uintptr_t>(p->suh) | reinterpret_cast<uintptr_t>(p->svh) |
                         reinterpret_cast<uintptr_t>(p->y) | reinterpret_cast<uintptr_t>(p->partials) |
                         reinterpret_cast<uintptr_t>(p->xprep);
-  if ((any & 15) != 0 || p->counters == nullptr || (partial_floats > 0 && p->partials == nullptr) ||
-      (xprep_halfs > 0 && p->xprep == nullptr))
+  if ((any & 15) != 0 || p->counters == nullptr || (pl.partial_floats > 0 && p->partials == nullptr) ||
+      (pl.xprep_halfs > 0 && p->xprep == nullptr))
     return EXL3_ERR_ALIGN;
 
   const int n_chunks_k = p->in_features / 128;
@@ -1956,30 +1908,31 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   a.in_features = p->in_features;
   a.out_features = p->out_features;
   a.ksplit = ks;
-  a.max_chunks = sc.max_chunks;
-  a.xprep = xprep_halfs > 0 ? static_cast<const uint8_t*>(p->xprep) : nullptr;
+  a.max_chunks = pl.max_chunks;
+  a.xprep = pl.xprep_halfs > 0 ? static_cast<const uint8_t*>(p->xprep) : nullptr;
   cudaError_t e;
   if (a.xprep != nullptr) {
     const __half* xp = a.x;
     const __half* sp = a.suh;
     void* fp = p->xprep;
-    int m = p->m, in_f = p->in_features, groups = k.groups, max_chunks = sc.max_chunks;
-    if (k.groups > 0) {
+    int m = p->m, in_f = p->in_features, groups = pl.k.groups, max_chunks = pl.max_chunks;
+    if (pl.k.groups > 0) {
       void* args[] = {&xp, &sp, &fp, &m, &in_f, &ks, &groups, &max_chunks};
-      e = launch(reinterpret_cast<const void*>(xprep_i8_kernel), dim3(ks, p->m), 0, stream, args);
+      e = launch(reinterpret_cast<const void*>(xprep_i8_kernel), dim3(ks, p->m), 0, stream, args, pl.pdl);
     } else {
       void* args[] = {&xp, &sp, &fp, &m, &in_f};
       const int items = p->m * n_chunks_k;
-      e = launch(reinterpret_cast<const void*>(xprep_kernel), dim3((items + kWarps - 1) / kWarps), 0, stream, args);
+      e = launch(reinterpret_cast<const void*>(xprep_kernel), dim3((items + kWarps - 1) / kWarps), 0, stream, args,
+                 pl.pdl);
     }
     if (e != cudaSuccess) return fail_cuda(e, "input-transform kernel launch");
   }
-  const void* fn = reinterpret_cast<const void*>(k.fn);
-  const int smem = smem_for_chunks(p, k, sc.max_chunks, a.xprep != nullptr);
+  const void* fn = reinterpret_cast<const void*>(pl.k.fn);
+  const int smem = smem_for_chunks(p, pl.k, pl.max_chunks, a.xprep != nullptr);
   e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
   void* args[] = {&a};
-  e = launch(fn, dim3(p->out_features / 128, ks), smem, stream, args, k.warps * 32);
+  e = launch(fn, dim3(p->out_features / 128, ks), smem, stream, args, pl.pdl, pl.k.warps * 32);
   if (e != cudaSuccess) return fail_cuda(e, "kernel launch");
   return EXL3_OK;
 }

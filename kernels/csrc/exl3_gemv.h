@@ -43,14 +43,40 @@ typedef struct Exl3GemvParams {
   int ksplit;           // number of slices of the input dimension; 0 = choose automatically
 } Exl3GemvParams;
 
+// The one shape rule: EXL3_OK when a launch of m rows of this layer is supported (m 1..8, I and O positive
+// multiples of 128, a codebook 0..2, a compiled rate; half-integer rates with mul1 only), else the status saying
+// why. The torch binding, the torch ops and the bench all ask this, so the rule is written once.
+int exl3_gemv_supports(int m, int in_features, int out_features, int k2, int codebook);
+
+// The planner's tuning, one per process: the defaults below, overridden once by the environment on first use
+// (SPARKCTL_EXL3_MUL1_PATH=fp16, SPARKCTL_EXL3_I8_MAX_ROWS, SPARKCTL_EXL3_XPREP_MIN_ROWS, SPARKCTL_EXL3_SMEM_LIMIT,
+// SPARKCTL_EXL3_NO_PDL=1), afterwards only by exl3_gemv_set_tuning. The defaults are the measured fastest; the
+// others are check and A/B paths of the same kernels.
+typedef struct Exl3GemvTuning {
+  int mul1_fp16;       // 1: mul1 through the fp16 kernel instead of the integer kernel (default 0)
+  int i8_max_rows;     // most rows mul1 takes through the integer kernel (default 8)
+  int xprep_min_rows;  // > 0: x' prepared once per call by its own kernel from this many rows on, in both kernels;
+                       // 0 (default): from 2 rows in the fp16 kernel, never in the integer kernel
+  int smem_limit;      // > 0: bytes of shared memory per block the planner may use when below the device's (a big
+                       // GPU checking a small GPU's plans); 0 (default): the device's
+  int pdl;             // 1 (default): programmatic dependent launch on sm_90+; 0: plain launches
+} Exl3GemvTuning;
+void exl3_gemv_get_tuning(Exl3GemvTuning* t);
+void exl3_gemv_set_tuning(const Exl3GemvTuning* t);
+
 // Fills *ksplit (the split that will be used: p->ksplit if non-zero, else the automatic choice for the current
 // device), *partial_floats (fp32 scratch elements the caller must provide in p->partials), *xprep_halfs (fp16
-// scratch for the input transform done once per call, used from SPARKCTL_EXL3_XPREP_MIN_ROWS rows on, default 2;
-// 0 = the transform is fused into every block) and *workspace_ints (the int32 elements of the zeroed workspace
-// p->counters: a split-K counter per column chunk, then the slots of the ticket or fixed-point hand-over when the
-// call uses one; a workspace sized for a bigger call serves a smaller one).
+// scratch for the input transform done once per call; 0 = the transform is fused into the GEMV, see the tuning's
+// xprep_min_rows) and *workspace_ints (the int32 elements of the zeroed workspace p->counters: a split-K counter per
+// column chunk, then the slots of the ticket or fixed-point hand-over when the call uses one; a workspace sized for
+// a bigger call serves a smaller one).
 int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
                    size_t* workspace_ints);
+
+// The splits this call accepts (p->ksplit is ignored): *lo (blocks must fit the device's shared memory and take at
+// most 16, or 32 in the integer kernel, chunks of 128 inputs) to *hi (the number of chunks, or 255 for 1-2 rows of
+// mul1).
+int exl3_gemv_ksplit_range(const Exl3GemvParams* p, int* lo, int* hi);
 
 // Launches the kernel on `stream`. Returns EXL3_OK or an Exl3GemvStatus code.
 int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream);

@@ -15,6 +15,8 @@ import os
 import shlex
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -27,16 +29,17 @@ __all__ = [
     "build_dir",
     "gemv",
     "gemv_ksplit",
+    "gemv_ksplit_range",
+    "set_tuning",
     "sources",
     "supports",
+    "tuned",
+    "tuning",
     "unavailable_reason",
 ]
 
 #: Name of the compiled module (bump the suffix when the binding's signature changes, so stale caches are ignored).
-EXTENSION_NAME = "sparkctl_exl3_cuda_v2"
-
-#: The most rows one kernel launch takes; more rows are launched in groups of this size.
-GEMV_MAX_ROWS = 8
+EXTENSION_NAME = "sparkctl_exl3_cuda_v3"
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _lock = threading.Lock()
@@ -48,17 +51,12 @@ _error: str | None = None
 # bigger call.
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _WORKSPACE_MIN = 4096
-# Workspace size per (device, layer shape, rows, codebook, ksplit, planner settings): asked of the kernel's planner
-# once. The settings are environment variables the planner reads on every call (exl3_gemv.cu, above mul1_int_path),
-# so a process that changes one between calls (the bench's checks do) gets a new plan, and the size must follow it:
-# the integer kernel's slots make its workspace larger than the fp16 kernel's for the same layer.
-_workspace_need: dict[tuple[int | str | None, ...], int] = {}
-_PLAN_SETTINGS = (
-    "SPARKCTL_EXL3_MUL1_PATH",
-    "SPARKCTL_EXL3_I8_MAX_ROWS",
-    "SPARKCTL_EXL3_XPREP_MIN_ROWS",
-    "SPARKCTL_EXL3_SMEM_LIMIT",
-)
+# Workspace size per (device, layer shape, rows, codebook, ksplit): asked of the kernel's planner once. A new tuning
+# (set_tuning) makes new plans, so it empties this: the integer kernel's slots make its workspace larger than the
+# fp16 kernel's for the same layer.
+_workspace_need: dict[tuple[int, ...], int] = {}
+#: The planner's tuning fields (kernels/csrc/exl3_gemv.h, Exl3GemvTuning).
+TUNING_FIELDS = ("mul1_fp16", "i8_max_rows", "xprep_min_rows", "smem_limit", "pdl")
 
 
 def sources() -> list[Path]:
@@ -142,23 +140,58 @@ def unavailable_reason() -> str | None:
     return _error
 
 
+def _module_or_raise() -> ModuleType:
+    module = _load()
+    if module is None:
+        raise RuntimeError(f"the EXL3 CUDA kernels are unavailable: {_error}")
+    return module
+
+
 def supports(
     x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook_id: int
 ) -> bool:
-    """Whether :func:`gemv` handles this call: fp16 CUDA tensors, 1..8 rows, a compiled rate and codebook."""
+    """Whether :func:`gemv` handles this call: fp16/int16 CUDA tensors and a shape the kernel's own rule
+    (``exl3_gemv_supports``) takes, 1..8 rows. False wherever the kernels are not available."""
     if not (x.is_cuda and trellis.is_cuda and x.dtype == torch.float16 and trellis.dtype == torch.int16):
         return False
     if trellis.dim() != 3 or suh.dtype != torch.float16 or svh.dtype != torch.float16:
         return False
-    rows = x.numel() // max(1, x.shape[-1])
-    if not 1 <= rows <= GEMV_MAX_ROWS:
-        return False
-    if (16 * trellis.shape[0]) % 128 or (16 * trellis.shape[1]) % 128:
-        return False
     last = trellis.shape[2]
-    if last % 16 == 0:
-        return 1 <= last // 16 <= 8 and codebook_id in (0, 1, 2)
-    return last % 16 == 8 and last // 16 in (1, 2, 3) and codebook_id == 2
+    if last % 8:
+        return False
+    module = _load()
+    if module is None:
+        return False
+    rows = x.numel() // max(1, x.shape[-1])
+    in_f, out_f = 16 * trellis.shape[0], 16 * trellis.shape[1]
+    return bool(module.supports(rows, in_f, out_f, last // 8, int(codebook_id)))
+
+
+def tuning() -> dict[str, int]:
+    """The planner's tuning (``Exl3GemvTuning``): read from the environment once, then only by :func:`set_tuning`."""
+    return dict(_module_or_raise().tuning())
+
+
+def set_tuning(**changes: int) -> None:
+    """Change fields of the planner's tuning for the whole process (the bench's A/B and check paths)."""
+    unknown = sorted(set(changes) - set(TUNING_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown tuning field(s) {', '.join(unknown)}: expected {', '.join(TUNING_FIELDS)}")
+    module = _module_or_raise()
+    merged = {**module.tuning(), **changes}
+    module.set_tuning(*(int(merged[name]) for name in TUNING_FIELDS))
+    _workspace_need.clear()
+
+
+@contextmanager
+def tuned(**changes: int) -> Iterator[dict[str, int]]:
+    """Run a block of calls under changed tuning, then put back exactly what was there before."""
+    before = tuning()
+    set_tuning(**changes)
+    try:
+        yield tuning()
+    finally:
+        set_tuning(**before)
 
 
 def _workspace_for(
@@ -166,8 +199,7 @@ def _workspace_for(
 ) -> torch.Tensor:
     device = trellis.device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    settings = tuple(os.environ.get(name) for name in _PLAN_SETTINGS)
-    shape_key = (index, *trellis.shape, rows, codebook_id, ksplit, *settings)
+    shape_key = (index, *trellis.shape, rows, codebook_id, ksplit)
     need = _workspace_need.get(shape_key)
     if need is None:
         need = max(_WORKSPACE_MIN, int(module.gemv_workspace(trellis, rows, codebook_id, ksplit)))
@@ -200,9 +232,7 @@ def gemv(
     Rows are processed 8 per launch. ``ksplit`` overrides the split of the input dimension (0 = automatic; the
     bench sweeps it). Unsupported inputs raise ``RuntimeError`` with the reason.
     """
-    module = _load()
-    if module is None:
-        raise RuntimeError(f"the EXL3 CUDA kernels are unavailable: {_error}")
+    module = _module_or_raise()
     if x.dim() != 2:
         raise ValueError(f"EXL3 GEMV: x must be 2-D [rows, I], got shape {tuple(x.shape)}")
     if not trellis.is_cuda:  # let the binding give its error for a CPU tensor
@@ -213,10 +243,15 @@ def gemv(
 
 def gemv_ksplit(rows: int, in_features: int, out_features: int, k2: int, codebook_id: int) -> int:
     """The split-K the kernel picks for this shape on the current device."""
-    module = _load()
-    if module is None:
-        raise RuntimeError(f"the EXL3 CUDA kernels are unavailable: {_error}")
-    return int(module.gemv_ksplit(rows, in_features, out_features, k2, codebook_id))
+    return int(_module_or_raise().gemv_ksplit(rows, in_features, out_features, k2, codebook_id))
+
+
+def gemv_ksplit_range(
+    rows: int, in_features: int, out_features: int, k2: int, codebook_id: int
+) -> tuple[int, int]:
+    """(lo, hi): the splits the kernel accepts for this shape on the current device (under the current tuning)."""
+    lo, hi = _module_or_raise().gemv_ksplit_range(rows, in_features, out_features, k2, codebook_id)
+    return int(lo), int(hi)
 
 
 def _main(argv: list[str]) -> int:

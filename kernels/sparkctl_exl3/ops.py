@@ -10,6 +10,9 @@ Ops (all pure: ``mutates_args=()``, outputs are fresh tensors):
 
 - ``torch.ops.sparkctl_exl3.exl3_gemm(x, trellis, suh, svh, codebook_id) -> y``: ``y = x . W`` for x [..., I],
   y [..., O] in x's dtype (SPEC 4).
+- ``torch.ops.sparkctl_exl3.exl3_gemm_gathered(x, trellis, suh, svh, k2, codebook_ids, index) -> y``: row p of
+  x [P, I] times the stacked expert ``index[p]`` (trellis [E, I/16, O/16, L], suh [E, I], svh [E, O], ``k2`` and
+  ``codebook_ids`` per expert): the routed experts of a MoE layer found by tensor indexing (reference decoder).
 - ``torch.ops.sparkctl_exl3.exl3_weight(trellis, suh, svh, codebook_id) -> W``: the dense fp16 [I, O] weight in
   the original basis, for prefill-sized batches where reconstruct-then-GEMM wins.
 - ``torch.ops.sparkctl_exl3.had_r_128(x, pre_scale, post_scale, scale) -> y``: the block-128 Hadamard with
@@ -30,14 +33,18 @@ import torch
 
 from . import reference
 
-__all__ = ["CODEBOOKS", "cuda_kernel", "exl3_gemm", "exl3_matmul", "exl3_weight", "had_r_128"]
+__all__ = [
+    "CODEBOOKS",
+    "cuda_kernel",
+    "exl3_gemm",
+    "exl3_gemm_gathered",
+    "exl3_matmul",
+    "exl3_weight",
+    "had_r_128",
+]
 
 #: Codebook name -> the integer id the ops and kernels take (SPEC 2.3: cb 0, 1, 2).
 CODEBOOKS: dict[str, int] = {name: index for index, name in enumerate(reference.CODEBOOKS)}
-
-#: The most rows the GEMV kernel takes (issue 5: "the GEMV kernel for 1..8 rows"); used when the extension
-#: does not say itself which shapes it supports.
-GEMV_MAX_ROWS = 8
 
 _cuda_module: ModuleType | None = None
 _cuda_probed = False
@@ -87,18 +94,9 @@ def _kernel_takes(
     svh: torch.Tensor,
     codebook_id: int,
 ) -> bool:
-    """Whether the compiled GEMV handles this call; the extension's own ``supports`` predicate wins if it has one."""
-    supports = getattr(kernel, "supports", None)
-    if supports is not None:
-        return bool(supports(x, trellis, suh, svh, codebook_id))
-    rows = x.numel() // max(1, x.shape[-1])
-    half_rate = trellis.dim() == 3 and trellis.shape[-1] % 16 == 8
-    return (
-        1 <= rows <= GEMV_MAX_ROWS
-        and x.dtype == suh.dtype == svh.dtype == torch.float16
-        and trellis.is_contiguous()
-        and (not half_rate or trellis.shape[-1] <= 16 * 3 + 8)  # half rates compiled: 1.5, 2.5, 3.5
-    )
+    """Whether the compiled GEMV handles this call: the kernel module's own ``supports`` (one shape rule, the
+    kernel's), never a copy of it here."""
+    return bool(kernel.supports(x, trellis, suh, svh, codebook_id))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -154,6 +152,47 @@ def _exl3_gemm_fake(
 ) -> torch.Tensor:
     _check_gemm_args(x, trellis, suh, svh, codebook_id)
     return x.new_empty((*x.shape[:-1], svh.shape[0]))
+
+
+# ------------------------------------------------------------------------------------------------
+# exl3_gemm_gathered
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(
+    "sparkctl_exl3::exl3_gemm_gathered",
+    mutates_args=(),
+    schema="(Tensor x, Tensor trellis, Tensor suh, Tensor svh, int[] k2, int[] codebook_ids, Tensor index) -> Tensor",
+)
+def exl3_gemm_gathered(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    k2: list[int],
+    codebook_ids: list[int],
+    index: torch.Tensor,
+) -> torch.Tensor:
+    """Row p of x times stacked expert ``index[p]`` (``k2`` = twice each expert's bits); the reference decoder."""
+    names = [_codebook_name(int(c)) for c in codebook_ids]
+    return reference.matmul_gathered(x, trellis, suh, svh, [k / 2 for k in k2], names, index)
+
+
+@exl3_gemm_gathered.register_fake
+def _exl3_gemm_gathered_fake(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    k2: list[int],
+    codebook_ids: list[int],
+    index: torch.Tensor,
+) -> torch.Tensor:
+    if trellis.dim() != 4 or len(k2) != trellis.shape[0] or len(codebook_ids) != trellis.shape[0]:
+        raise ValueError(
+            "exl3_gemm_gathered: trellis must be [E, I/16, O/16, L] with one k2 and codebook per expert"
+        )
+    return x.new_empty((index.shape[0], svh.shape[-1]))
 
 
 # ------------------------------------------------------------------------------------------------

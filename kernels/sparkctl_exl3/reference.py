@@ -19,7 +19,7 @@ once on the CPU and cached per device.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 
@@ -36,6 +36,7 @@ __all__ = [
     "had_r_128",
     "hadamard_128",
     "matmul",
+    "matmul_gathered",
     "tile_permutation",
     "unpack_states",
     "w_hat",
@@ -507,3 +508,78 @@ def matmul(
             raise ValueError(f"bias must have shape [{svh.shape[0]}] (the layer's padded O), got {shape}")
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def matmul_gathered(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    bits: Sequence[float],
+    codebooks: Sequence[str],
+    index: torch.Tensor,
+) -> torch.Tensor:
+    """Row p of ``x [P, I]`` times expert ``index[p]``'s W: ``y [P, O]``, each row exactly :func:`matmul` with that
+    expert, in x's dtype.
+
+    The experts of one layer are stacked: ``trellis`` int16 ``[E, I/16, O/16, Lmax]`` (expert e's tiles in its first
+    16*K_e elements, the rest padding), ``suh [E, I]``, ``svh [E, O]``, ``bits[e]`` and ``codebooks[e]`` per expert,
+    so experts may differ in K and codebook. Why: a MoE layer must decode only the experts its tokens were routed
+    to, and must find them by tensor indexing (``index`` is never read on the host), so the shapes do not depend on
+    the routing and nothing waits for it. Duplicate indices decode that expert once per row.
+    """
+    if trellis.dim() != 4 or trellis.dtype != torch.int16:
+        raise ValueError(
+            f"trellis must be an int16 [E, I/16, O/16, L] stack, got {tuple(trellis.shape)} {trellis.dtype}"
+        )
+    experts, tiles_k, tiles_n, length = (int(n) for n in trellis.shape)
+    in_features, out_features = TILE * tiles_k, TILE * tiles_n
+    if len(bits) != experts or len(codebooks) != experts:
+        raise ValueError(f"{experts} stacked experts but {len(bits)} rates and {len(codebooks)} codebooks")
+    if tuple(suh.shape) != (experts, in_features) or tuple(svh.shape) != (experts, out_features):
+        raise ValueError(
+            f"suh and svh must be [{experts}, {in_features}] and [{experts}, {out_features}], "
+            f"got {tuple(suh.shape)} and {tuple(svh.shape)}"
+        )
+    for b, cb in zip(bits, codebooks, strict=True):
+        _check_codebook(cb)
+        _check_bits(float(b), int(round(16 * float(b))))
+        if float(b) != int(b) and cb != "mul1":
+            raise ValueError(f"half-integer rate {b} needs the mul1 codebook, got {cb!r}")
+        if int(round(16 * float(b))) > length:
+            raise ValueError(
+                f"a {b}-bit expert needs {int(round(16 * float(b)))} int16 per tile, the stack has {length}"
+            )
+    if x.dim() != 2 or x.shape[-1] != in_features or index.dim() != 1 or index.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"x must be [P, {in_features}] and index [P], got {tuple(x.shape)} and {tuple(index.shape)}"
+        )
+    dev = trellis.device
+    order = _rowmajor_order(dev)
+    windows = [_window_indices_on(float(b), dev) for b in bits]  # per expert, in row-major tile order
+    first = torch.stack([w[0][order] for w in windows])
+    second = torch.stack([w[1][order] for w in windows])
+    offset = torch.stack([w[2][order] for w in windows])
+    tables = torch.cat([decode_table(cb, dev) for cb in CODEBOOKS])  # [3 * 65536]
+    table_base = torch.tensor([CODEBOOKS.index(cb) << 16 for cb in codebooks], dtype=torch.int32, device=dev)
+    index = index.to(device=dev, dtype=torch.int64)
+    rows = int(x.shape[0])
+    out = torch.empty(rows, out_features, dtype=torch.float32, device=dev)
+    per_chunk = max(1, _STATES_PER_CHUNK // (tiles_k * tiles_n * TILE_WEIGHTS))  # experts decoded at once
+    for p0 in range(0, rows, per_chunk):
+        idx = index[p0 : p0 + per_chunk]
+        n = int(idx.shape[0])
+        u = trellis.index_select(0, idx).to(torch.int32) & 0xFFFF  # [n, tk, tn, L] uint16 view
+        shape = (n, tiles_k, tiles_n, TILE_WEIGHTS)
+        hi = torch.gather(u, 3, first.index_select(0, idx)[:, None, None, :].expand(shape))
+        lo = torch.gather(u, 3, second.index_select(0, idx)[:, None, None, :].expand(shape))
+        off = offset.index_select(0, idx)[:, None, None, :]
+        states = ((hi << off) | (lo >> (16 - off))) & 0xFFFF
+        states = states + table_base.index_select(0, idx)[:, None, None, None]
+        values = tables.index_select(0, states.flatten()).view(n, tiles_k, tiles_n, TILE, TILE)
+        w = values.permute(0, 1, 3, 2, 4).reshape(n, in_features, out_features).float()
+        with _ieee_fp32():
+            xr = _had_last(x[p0 : p0 + n].float() * suh.index_select(0, idx).float())
+            z = torch.bmm(xr[:, None, :], w)[:, 0, :]
+            out[p0 : p0 + n] = _had_last(z) * svh.index_select(0, idx).float()
+    return out.to(x.dtype)

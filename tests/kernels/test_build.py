@@ -85,8 +85,8 @@ def test_bench_drivers_compile(tmp_path: Path) -> None:
     bench = KERNELS / "bench"
     jobs = [
         ("ab_time.cu", []),
-        ("phase_timing.cu", ["-DEXL3_TIMING"]),
-        ("phase_timing.cu", ["-DEXL3_TIMING", "-DEXL3_TIMING_GT"]),
+        ("phase_timing.cu", []),
+        ("phase_timing.cu", ["-DEXL3_TIMING_GT"]),
         ("pipes.cu", []),
     ]
     procs = [
@@ -172,8 +172,71 @@ def test_loader_without_gpu_is_unavailable_with_reason() -> None:
         cuda.gemv(x, trellis, suh, svh, 2)
 
 
-def test_supports_predicate_shapes() -> None:
-    """supports() is pure shape/dtype logic: check it on meta tensors that claim to be CUDA-free-standing."""
+# The status codes of kernels/csrc/exl3_gemv.h (Exl3GemvStatus).
+EXL3_OK, EXL3_ERR_ROWS, EXL3_ERR_SHAPE, EXL3_ERR_BITS, EXL3_ERR_CODEBOOK = 0, 1, 2, 3, 4
+
+_RULE_MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "exl3_gemv.h"
+int main(int argc, char** argv) {  // m I O k2 codebook, repeated: one status per case
+  for (int i = 1; i + 4 < argc; i += 5)
+    printf("%d\n", exl3_gemv_supports(atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]), atoi(argv[i + 3]),
+                                      atoi(argv[i + 4])));
+  return 0;
+}
+"""
+
+
+def test_the_one_shape_rule(nvcc_build: tuple[Path, str], tmp_path: Path) -> None:
+    """exl3_gemv_supports, the rule the binding, the ops (through cuda.supports) and the bench all ask, run on the
+    host from the built object (it touches no device, so it runs here)."""
+    out, _ = nvcc_build
+    main = tmp_path / "rule.cpp"
+    main.write_text(_RULE_MAIN)
+    prog = tmp_path / "rule"
+    link = subprocess.run(
+        [
+            NVCC,
+            "-std=c++17",
+            f"-I{KERNELS / 'csrc'}",
+            str(main),
+            str(out / "sm_90" / "exl3_gemv.o"),
+            "-o",
+            str(prog),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert link.returncode == 0, link.stdout + link.stderr
+    cases = {
+        (1, 256, 384, 8, 2): EXL3_OK,  # 4 bits mul1
+        (8, 256, 384, 16, 0): EXL3_OK,  # 8 bits 3inst, the most rows
+        (3, 256, 384, 2, 1): EXL3_OK,  # 1 bit mcg
+        (1, 256, 384, 5, 2): EXL3_OK,  # 2.5 bits: mul1 ...
+        (1, 256, 384, 5, 0): EXL3_ERR_CODEBOOK,  # ... only
+        (1, 256, 384, 7, 2): EXL3_OK,  # 3.5 bits mul1
+        (1, 256, 384, 9, 2): EXL3_ERR_BITS,  # 4.5 bits: not a rate
+        (9, 256, 384, 8, 2): EXL3_ERR_ROWS,  # more than 8 rows per launch: the binding groups them
+        (0, 256, 384, 8, 2): EXL3_ERR_ROWS,
+        (1, 64, 384, 8, 2): EXL3_ERR_SHAPE,  # I = 64 is not a multiple of 128
+        (1, 256, 200, 8, 2): EXL3_ERR_SHAPE,
+        (1, 256, 384, 18, 2): EXL3_ERR_BITS,  # 9 bits
+        (1, 256, 384, 1, 2): EXL3_ERR_BITS,  # 0.5 bits
+        (1, 256, 384, 8, 3): EXL3_ERR_CODEBOOK,
+    }
+    args = [str(v) for case in cases for v in case]
+    proc = subprocess.run([str(prog), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert dict(zip(cases, map(int, proc.stdout.split()), strict=True)) == cases
+
+
+def test_supports_is_false_without_the_kernels() -> None:
+    """cuda.supports asks the kernel's rule; where the kernels cannot run it takes nothing (the ops then use the
+    reference), whatever the shape."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
 
     class FakeCuda:
         def __init__(self, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -189,17 +252,13 @@ def test_supports_predicate_shapes() -> None:
             return n
 
     f16, i16 = torch.float16, torch.int16
-    suh, svh = FakeCuda((256,), f16), FakeCuda((384,), f16)
+    x, trellis = FakeCuda((1, 256), f16), FakeCuda((16, 24, 64), i16)
+    assert cuda.supports(x, trellis, FakeCuda((256,), f16), FakeCuda((384,), f16), 2) is False
 
-    def ok(rows: int, last: int, cb: int, x_dtype: torch.dtype = f16, tk: int = 16) -> bool:
-        return cuda.supports(FakeCuda((rows, 16 * tk), x_dtype), FakeCuda((tk, 24, last), i16), suh, svh, cb)
 
-    assert ok(1, 64, 2) and ok(8, 128, 0) and ok(3, 16, 1)
-    assert ok(1, 40, 2) and not ok(1, 40, 0)  # 2.5 bits: mul1 only
-    assert not ok(9, 64, 2)  # more than 8 rows per launch: the op layer groups them
-    assert not ok(1, 64, 2, torch.bfloat16)
-    assert not ok(1, 64, 2, tk=4)  # I = 64 is not a multiple of 128
-    assert not ok(1, 144, 2)  # 9 bits
+def test_tuning_refuses_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="unknown tuning field"):
+        cuda.set_tuning(mul1_path=1)
 
 
 def test_bench_refuses_without_gpu() -> None:

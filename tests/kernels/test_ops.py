@@ -166,7 +166,10 @@ def stand_in_kernel(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
         calls.append(tuple(x.shape))
         return ref.matmul(x, trellis, suh, svh, ref.CODEBOOKS[codebook_id])
 
-    module = types.SimpleNamespace(available=lambda: True, gemv=gemv, calls=calls)
+    def supports(x: torch.Tensor, *_: object) -> bool:  # the rows and dtype part of the kernel's rule
+        return 1 <= x.numel() // x.shape[-1] <= 8 and x.dtype == torch.float16
+
+    module = types.SimpleNamespace(available=lambda: True, gemv=gemv, supports=supports, calls=calls)
     monkeypatch.setattr(ops, "_cuda_module", module)
     monkeypatch.setattr(ops, "_cuda_probed", True)
     return module
@@ -318,29 +321,29 @@ def test_cuda_most_slices() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_workspace_follows_plan_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A workspace size asked under one planner setting does not serve a call planned under another.
+def test_cuda_workspace_follows_the_tuning() -> None:
+    """A workspace size asked under one tuning does not serve a call planned under another.
 
-    SPARKCTL_EXL3_MUL1_PATH=fp16 plans one split row of mul1 on the fp16 kernel (fenced hand-over: counters only);
-    without it the integer kernel's fixed-point hand-over needs its slots too. The size cached for the first call must
-    not be reused for the second (on a stream whose workspace is still the small one, the call would be refused).
+    The tuning's mul1_fp16 plans one split row of mul1 on the fp16 kernel (fenced hand-over: counters only); without
+    it the integer kernel's fixed-point hand-over needs its slots too. The size cached for the first call must not be
+    reused for the second (on a stream whose workspace is still the small one, the call would be refused).
     """
     from sparkctl_exl3 import cuda
 
-    monkeypatch.setattr(cuda, "_workspace_need", {})
     trellis, suh, svh = _random_layer(256, 512, 2, seed=41)  # 4096 x 8192: split at one row, 8192 columns
     x = torch.randn(1, 4096).half()
     expected = ref.matmul(x, trellis, suh, svh, "mul1")
     args = (x.cuda(), trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
     stream = torch.cuda.Stream()  # a stream no earlier test has given a workspace
+    before = cuda.tuning()
     with torch.cuda.stream(stream):
-        monkeypatch.setenv("SPARKCTL_EXL3_MUL1_PATH", "fp16")
-        y16 = cuda.gemv(*args, ksplit=4)
+        with cuda.tuned(mul1_fp16=1):
+            y16 = cuda.gemv(*args, ksplit=4)
         small = cuda._workspaces[(torch.cuda.current_device(), stream.cuda_stream)].numel()
-        monkeypatch.delenv("SPARKCTL_EXL3_MUL1_PATH")
         y8 = cuda.gemv(*args, ksplit=4)
         large = cuda._workspaces[(torch.cuda.current_device(), stream.cuda_stream)].numel()
     stream.synchronize()
+    assert cuda.tuning() == before  # tuned() put back exactly what was there
     assert large >= 2 * 8192 > small  # a 64-bit slot per column of the one row
     assert _rel(y16.cpu().float(), expected) < 1e-3
     assert _rel(y8.cpu().float(), expected) < 1e-3

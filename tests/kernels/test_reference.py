@@ -417,3 +417,22 @@ def test_codebook_of() -> None:
         ref.codebook_of({"mcg": torch.tensor(0x1234, dtype=torch.int32)})
     with pytest.raises(ValueError, match="both codebook markers"):
         ref.codebook_of({"mcg": mcg, "mul1": mul1})
+
+
+def test_matmul_gathered_is_matmul_per_row() -> None:
+    """Each row through its gathered expert equals matmul with that expert alone: experts of every codebook and of
+    different K (integer and half rates) in one padded stack, duplicate and unused indices."""
+    specs = [(2.0, "3inst"), (4.0, "mcg"), (2.5, "mul1"), (3.0, "mul1"), (8.0, "mcg")]
+    layers = [_random_layer(8, 16, bits, seed=70 + i) for i, (bits, _) in enumerate(specs)]
+    longest = max(t.shape[-1] for t, _, _ in layers)
+    trellis = torch.stack([torch.nn.functional.pad(t, (0, longest - t.shape[-1])) for t, _, _ in layers])
+    suh = torch.stack([s for _, s, _ in layers])
+    svh = torch.stack([v for _, _, v in layers])
+    index = torch.tensor([3, 0, 3, 2, 4, 1, 0])  # expert 3 twice, every expert at least once
+    x = torch.randn(len(index), 128, generator=torch.Generator().manual_seed(5))
+    y = ref.matmul_gathered(x, trellis, suh, svh, [b for b, _ in specs], [c for _, c in specs], index)
+    for p, e in enumerate(index.tolist()):
+        expected = ref.matmul(x[p : p + 1], *layers[e], specs[e][1])[0]
+        assert _rel(y[p], expected) < 1e-6, (p, e)
+    with pytest.raises(ValueError, match="half-integer rate"):
+        ref.matmul_gathered(x, trellis, suh, svh, [2.5] * 5, ["mcg"] * 5, index)

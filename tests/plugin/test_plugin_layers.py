@@ -517,6 +517,104 @@ def test_moe_forward_has_no_host_sync(vllm_env: object) -> None:
         assert out.shape == (3, HIDDEN)
 
 
+def _moe_experts(w: dict[str, dict[str, torch.Tensor]], count: int) -> list:
+    from sparkctl_exl3.vllm_plugin.forward import ExpertWeights, ShardWeights
+
+    def shard(p: str) -> ShardWeights:
+        g = w[p]
+        return ShardWeights(
+            g["trellis"], g["suh"], g["svh"], reference.codebook_of(g), reference.bits_of(g["trellis"])
+        )
+
+    return [
+        ExpertWeights(*(shard(f"block_sparse_moe.experts.{e}.{p}") for p in ("w1", "w3", "w2")))
+        for e in range(count)
+    ]
+
+
+def _moe_expected(x, topk_weights, topk_ids, w, expert_ids) -> torch.Tensor:
+    """The top-k weighted sum computed pair by pair from the reference (ids this rank does not hold add nothing)."""
+    out = torch.zeros(x.shape[0], HIDDEN)
+    for t in range(x.shape[0]):
+        for k in range(topk_ids.shape[1]):
+            gid = int(topk_ids[t, k])
+            if gid in expert_ids:
+                out[t] += topk_weights[t, k] * _expert_ref(x[t : t + 1], w, expert_ids.index(gid))[0]
+    return out
+
+
+def test_moe_cpu_computes_only_routed_experts(vllm_env: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU path decodes top_k experts per token, never the unrouted ones: an unrouted expert whose scales are NaN
+    leaves every output finite, and the decode count is the number of (token, slot) pairs, not the local experts."""
+    from sparkctl_exl3 import reference as ref_module
+    from sparkctl_exl3.vllm_plugin.forward import exl3_moe_forward
+
+    w = _moe_weights(experts=4)  # mixed K (2..5) and codebooks (mcg, mul1) across experts
+    poisoned = {p: dict(g) for p, g in w.items()}
+    for proj in ("w1", "w3", "w2"):  # expert 3 is routed to by no token below
+        g = poisoned[f"block_sparse_moe.experts.3.{proj}"]
+        g["suh"] = torch.full_like(g["suh"], float("nan"))
+        g["svh"] = torch.full_like(g["svh"], float("nan"))
+    experts = _moe_experts(poisoned, 4)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, HIDDEN, generator=gen)
+    # duplicate ids across tokens, two tokens on the same pair of experts, expert 3 nowhere
+    topk_ids = torch.tensor([[0, 2], [2, 0], [1, 1]], dtype=torch.int32)
+    topk_weights = torch.softmax(torch.randn(3, 2, generator=gen), -1)
+
+    decoded: list[int] = []
+    real = ref_module.matmul_gathered
+
+    def counting(xg, trellis, *args, **kwargs):
+        decoded.append(int(xg.shape[0]))
+        return real(xg, trellis, *args, **kwargs)
+
+    monkeypatch.setattr(ref_module, "matmul_gathered", counting)
+    kwargs = dict(hidden=HIDDEN, intermediate=256, activation="silu")
+    y = exl3_moe_forward(x, topk_weights, topk_ids, experts, [0, 1, 2, 3], **kwargs)
+    assert torch.isfinite(y).all(), "an unrouted (NaN-poisoned) expert reached the output"
+    assert decoded == [6, 6, 6]  # gate, up, down: one decode per (token, slot) pair
+    torch.testing.assert_close(
+        y, _moe_expected(x, topk_weights, topk_ids, w, [0, 1, 2, 3]), rtol=1e-4, atol=1e-4
+    )
+
+    # routed to the poisoned expert: its NaN must show, in exactly the tokens that chose it
+    y3 = exl3_moe_forward(
+        x,
+        topk_weights,
+        torch.tensor([[0, 2], [3, 0], [1, 1]], dtype=torch.int32),
+        experts,
+        [0, 1, 2, 3],
+        **kwargs,
+    )
+    assert torch.isfinite(y3[0]).all() and torch.isfinite(y3[2]).all() and not torch.isfinite(y3[1]).all()
+
+
+def test_moe_cpu_expert_parallel_ids_add_nothing(vllm_env: object) -> None:
+    """Ids of experts another rank holds (and an id past the table) contribute nothing, and the local expert the gather
+    falls back to for them cannot leak into the output even when its weights are NaN."""
+    from sparkctl_exl3.vllm_plugin.forward import exl3_moe_forward
+
+    w = _moe_weights(experts=2)
+    experts = _moe_experts(w, 2)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(4, HIDDEN, generator=gen)
+    expert_ids = [10, 11]  # this rank holds global experts 10 and 11
+    topk_ids = torch.tensor([[10, 3], [11, 10], [4, 5], [99, 11]], dtype=torch.int32)
+    topk_weights = torch.softmax(torch.randn(4, 2, generator=gen), -1)
+    kwargs = dict(hidden=HIDDEN, intermediate=256, activation="silu")
+    y = exl3_moe_forward(x, topk_weights, topk_ids, experts, expert_ids, **kwargs)
+    torch.testing.assert_close(
+        y, _moe_expected(x, topk_weights, topk_ids, w, expert_ids), rtol=1e-4, atol=1e-4
+    )
+    assert torch.equal(y[2], torch.zeros(HIDDEN))
+    # the weight on the input (Llama-4 style) goes through the same gather
+    y_in = exl3_moe_forward(
+        x, topk_weights, topk_ids, experts, expert_ids, apply_router_weight_on_input=True, **kwargs
+    )
+    assert torch.isfinite(y_in).all() and torch.equal(y_in[2], torch.zeros(HIDDEN))
+
+
 @pytest.mark.parametrize("flag", [None, "exl3"])
 def test_vllm_selects_exl3_from_config_or_flag(
     vllm_env: object, tiny_models: dict[str, Path], flag: str | None

@@ -6,11 +6,16 @@ methods in ``linear.py`` / ``moe.py`` only adapt vLLM's layer objects to it. Tha
 the very functions the plugin's ``apply`` methods call, on CUDA and on the CPU.
 
 The MoE forward is one function, :func:`exl3_moe_forward`, so a fused EXL3 MoE kernel can replace it
-later without touching the rest. Until then it runs every local expert on every token through the EXL3
-GEMM op and weights the result by that token's routing weight for the expert (zero when not routed).
-That costs ``local experts / top_k`` times the minimal work, but it has no host synchronisation and no
-Python branch on routing values: the routing tensors are only multiplied and compared, never read back,
-so it is safe under CUDA graphs and torch.compile and gives exactly the top-k weighted sum vLLM expects.
+without touching the rest. Neither path reads routing values on the host or branches on them (the routing
+tensors are only indexed, multiplied and compared), so both are safe under CUDA graphs and torch.compile:
+
+* CPU (the reference decoder): only the routed experts are computed. The layer's experts are stacked per
+  projection (:func:`stack_experts`, once at load time), every (token, slot) pair gathers its expert by id
+  (``ops.exl3_gemm_gathered``) and the weighted results are scattered back onto their tokens (``index_add_``):
+  top_k decodes per token instead of one per local expert.
+* CUDA: every local expert runs on every token through the EXL3 GEMV and is weighted by that token's routing
+  weight for it (zero when not routed), ``local experts / top_k`` times the minimal work, until a fused MoE
+  decode kernel replaces it.
 """
 
 from __future__ import annotations
@@ -102,6 +107,111 @@ class ExpertWeights:
     down: ShardWeights
 
 
+@dataclass(frozen=True)
+class StackedProjection:
+    """One projection of every local expert, stacked for gathering by expert index (``ops.exl3_gemm_gathered``)."""
+
+    trellis: torch.Tensor  # int16 [E, I/16, O/16, Lmax], zero-padded past each expert's 16*K
+    suh: torch.Tensor  # [E, I]
+    svh: torch.Tensor  # [E, O]
+    k2: tuple[int, ...]  # twice each expert's bits
+    codebook_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ExpertStack:
+    gate: StackedProjection
+    up: StackedProjection | None
+    down: StackedProjection
+
+
+def _stack(label: str, shards: Sequence[ShardWeights]) -> StackedProjection:
+    shapes = {tuple(w.trellis.shape[:2]) for w in shards}
+    if len(shapes) != 1:
+        raise Exl3LoadError(
+            f"{label}: the experts' stored shapes differ ({sorted(shapes)}); cannot stack them"
+        )
+    longest = max(int(w.trellis.shape[-1]) for w in shards)
+    trellis = torch.stack([F.pad(w.trellis, (0, longest - int(w.trellis.shape[-1]))) for w in shards])
+    return StackedProjection(
+        trellis,
+        torch.stack([w.suh for w in shards]),
+        torch.stack([w.svh for w in shards]),
+        tuple(int(round(2 * w.bits)) for w in shards),
+        tuple(ops.CODEBOOKS[w.codebook] for w in shards),
+    )
+
+
+def stack_experts(experts: Sequence[ExpertWeights]) -> ExpertStack:
+    """The experts' tensors stacked per projection (a copy), for the CPU path of :func:`exl3_moe_forward`."""
+    ups = [e.up for e in experts]
+    if any(u is None for u in ups) and not all(u is None for u in ups):
+        raise Exl3LoadError("some experts have an up projection and others do not")
+    return ExpertStack(
+        _stack("gate", [e.gate for e in experts]),
+        None if ups[0] is None else _stack("up", ups),  # type: ignore[arg-type]
+        _stack("down", [e.down for e in experts]),
+    )
+
+
+def _gathered_linear(
+    x: torch.Tensor, w: StackedProjection, index: torch.Tensor, out_features: int, op_dtype: torch.dtype
+) -> torch.Tensor:
+    """Row p of x through expert ``index[p]``, padded and cut like :func:`exl3_linear`."""
+    stored_in = w.suh.shape[-1]
+    if x.shape[-1] < stored_in:
+        x = F.pad(x, (0, stored_in - x.shape[-1]))
+    y = torch.ops.sparkctl_exl3.exl3_gemm_gathered(
+        x.to(op_dtype), w.trellis, w.suh, w.svh, list(w.k2), list(w.codebook_ids), index
+    )
+    stored_out = y.shape[-1]
+    if stored_out > out_features:
+        y = y[..., :out_features]
+    elif stored_out < out_features:
+        y = F.pad(y, (0, out_features - stored_out))
+    return y
+
+
+def _moe_routed(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    stack: ExpertStack,
+    expert_ids: Sequence[int],
+    *,
+    hidden: int,
+    intermediate: int,
+    activation: str,
+    apply_router_weight_on_input: bool,
+) -> torch.Tensor:
+    """Only the routed experts: one gathered decode per (token, slot) pair, scattered back onto its token."""
+    act = ACTIVATIONS[activation]
+    dtype = op_dtype_for(x)
+    tokens, top_k = topk_ids.shape
+    # global expert id -> local index, -1 for ids this rank does not hold (expert parallel) or out of range
+    top = max(expert_ids) + 1
+    lookup = torch.full((top + 1,), -1, dtype=torch.int64, device=x.device)
+    lookup[torch.tensor(list(expert_ids), dtype=torch.int64, device=x.device)] = torch.arange(
+        len(expert_ids), device=x.device
+    )
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    local = lookup[torch.where((ids >= 0) & (ids < top), ids, top)]
+    held = local >= 0
+    index = local.clamp_min(0)  # a pair routed off this rank computes local expert 0 and is dropped below
+    token = torch.arange(tokens, device=x.device)[:, None].expand(tokens, top_k).reshape(-1)
+    weight = (topk_weights.reshape(-1).to(torch.float32) * held)[:, None]
+    xe = x.index_select(0, token)
+    if apply_router_weight_on_input:
+        xe = xe * weight.to(x.dtype)
+    h = act(_gathered_linear(xe, stack.gate, index, intermediate, dtype).float())
+    if stack.up is not None:
+        h = h * _gathered_linear(xe, stack.up, index, intermediate, dtype).float()
+    y = _gathered_linear(h.to(dtype), stack.down, index, hidden, dtype).float()
+    y = torch.where(held[:, None], y if apply_router_weight_on_input else y * weight, 0.0)
+    out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device).index_add_(0, token, y)
+    return out.to(x.dtype)
+
+
 def exl3_moe_forward(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -113,12 +223,26 @@ def exl3_moe_forward(
     intermediate: int,
     activation: str,
     apply_router_weight_on_input: bool = False,
+    stack: ExpertStack | None = None,
 ) -> torch.Tensor:
     """Top-k weighted sum of the routed experts' outputs for x [tokens, hidden] -> [tokens, hidden].
 
-    ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. The loop is over
-    the experts this rank holds (a fixed Python list), never over routing values.
+    ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. On the CPU only the
+    routed experts are computed, from ``stack`` (``stack_experts(experts)``; made here when not given). On CUDA the
+    loop is over the experts this rank holds (a fixed Python list), never over routing values.
     """
+    if not x.is_cuda:
+        return _moe_routed(
+            x,
+            topk_weights,
+            topk_ids,
+            stack if stack is not None else stack_experts(experts),
+            expert_ids,
+            hidden=hidden,
+            intermediate=intermediate,
+            activation=activation,
+            apply_router_weight_on_input=apply_router_weight_on_input,
+        )
     act = ACTIVATIONS[activation]
     dtype = op_dtype_for(x)
     out = torch.zeros(x.shape[0], hidden, dtype=torch.float32, device=x.device)

@@ -5,7 +5,8 @@ its own K. vLLM's ``RoutedExperts.load_weights`` maps those names onto ``w13_<te
 up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with the global expert id; our
 loaders keep per-expert tensors, cut for tensor parallelism on 128 boundaries.
 
-The forward is :func:`forward.exl3_moe_forward` (one function, to be replaced by a fused kernel).
+The forward is :func:`forward.exl3_moe_forward`: on the CPU only the routed experts, gathered by id from per-projection
+stacks made once here; on CUDA every local expert through the GEMV until a fused MoE decode kernel replaces it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 from vllm.model_executor.utils import set_weight_attrs
 
 from . import settings, storage
-from .forward import ACTIVATIONS, Exl3LoadError, ExpertWeights, ShardWeights, exl3_moe_forward, finish_shard
+from .forward import (
+    ACTIVATIONS,
+    Exl3LoadError,
+    ExpertStack,
+    ExpertWeights,
+    ShardWeights,
+    StackedProjection,
+    exl3_moe_forward,
+    finish_shard,
+    stack_experts,
+)
 from .linear import LOADED_TENSORS, cut_for_rank
 
 __all__ = ["EXL3MoEMethod", "ExpertWeights", "exl3_moe_forward"]
@@ -162,6 +173,20 @@ class EXL3MoEMethod(FusedMoEMethodBase):
             for e in experts
         ]
         layer.exl3_expert_ids = [plan.global_ids.get(i, i) for i in range(plan.local_experts)]
+        # The CPU path gathers routed experts from per-projection stacks (a copy of the experts' tensors, made
+        # once: on the CPU the decode, not memory, is what costs).
+        layer.exl3_stack_meta = None
+        if experts and not experts[0].gate.trellis.is_cuda:
+            stack = stack_experts(experts)
+            meta = {}
+            for tag in ("gate", "up", "down"):
+                proj = getattr(stack, tag)
+                if proj is None:
+                    continue
+                for name in ("trellis", "suh", "svh"):
+                    layer.register_buffer(f"exl3_stack_{tag}_{name}", getattr(proj, name), persistent=False)
+                meta[tag] = (proj.k2, proj.codebook_ids)
+            layer.exl3_stack_meta = meta
         plan.loaded.clear()
 
     def expert_weights(self, layer: torch.nn.Module) -> list[ExpertWeights]:
@@ -185,6 +210,23 @@ class EXL3MoEMethod(FusedMoEMethodBase):
             assert gate is not None and down is not None
             experts.append(ExpertWeights(gate, shard("up"), down))
         return experts
+
+    def expert_stack(self, layer: torch.nn.Module) -> ExpertStack | None:
+        """The stacked experts of a CPU layer, read from its buffers (None on CUDA)."""
+        meta = getattr(layer, "exl3_stack_meta", None)
+        if meta is None:
+            return None
+
+        def proj(tag: str) -> StackedProjection | None:
+            if tag not in meta:
+                return None
+            k2, cbs = meta[tag]
+            t = [getattr(layer, f"exl3_stack_{tag}_{name}") for name in ("trellis", "suh", "svh")]
+            return StackedProjection(*t, k2, cbs)
+
+        gate, down = proj("gate"), proj("down")
+        assert gate is not None and down is not None
+        return ExpertStack(gate, proj("up"), down)
 
     def get_fused_moe_quant_config(self, layer: torch.nn.Module) -> None:
         # Self-contained method: no vLLM modular kernel, so no FusedMoEQuantConfig (as GGUF does).
@@ -211,4 +253,5 @@ class EXL3MoEMethod(FusedMoEMethodBase):
             intermediate=plan.intermediate,
             activation=plan.activation,
             apply_router_weight_on_input=bool(getattr(layer, "apply_router_weight_on_input", False)),
+            stack=None if x.is_cuda else self.expert_stack(layer),
         )
