@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "status": "sparkctl.commands.lifecycle:status_cmd",
     "logs": "sparkctl.commands.lifecycle:logs_cmd",
     "chat": "sparkctl.commands.lifecycle:chat_cmd",
+    "bench": "sparkctl.commands.bench:bench_cmd",
 }
 
 

@@ -1,0 +1,230 @@
+"""`sparkctl bench` end to end: find (or start) the server, run the workloads, keep the record.
+
+Returns the record (a dict matching record.schema.json); the command only renders it. Whatever
+stops a run (Ctrl-C, a bad-input error half-way, a server that dies), the workloads measured so far
+are summarised and saved before the exception goes on, with `interrupted`/`error` set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkctl.bench import record as records
+from sparkctl.bench.client import BenchInputError, Target, normalize_url, resolve_model, server_version
+from sparkctl.bench.workloads import COLLECT, FINISH, Config, Ctx, Progress, planned_requests, warmup
+from sparkctl.errors import SparkctlError
+
+
+@dataclass
+class BenchOptions:
+    recipe: str | None = None
+    url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    api: str = "chat"
+    overrides: tuple[str, ...] = ()
+    up: bool = False
+    sweep: tuple[str, tuple[str, ...]] | None = None  # (recipe path, values)
+    out_dir: Path | None = None
+    tokenizer: str | None = None
+    timeout_s: float = 600.0
+    config: Config = field(default_factory=Config)
+
+
+@dataclass
+class Outcome:
+    record: dict[str, Any]
+    json_path: Path
+    stopped_by: BaseException | None = None
+
+
+def parse_sweep(spec: str) -> tuple[str, tuple[str, ...]]:
+    """`serve.speculative.num_speculative_tokens=0,1,2,3` -> (path, values)."""
+    path, sep, values = spec.partition("=")
+    vals = tuple(v.strip() for v in values.split(",") if v.strip())
+    if not sep or not path.strip() or not vals:
+        raise BenchInputError(f"--sweep {spec!r} is not PATH=V1,V2,...", hint="e.g. --sweep serve.max_num_seqs=4,8")
+    return path.strip(), vals
+
+
+def _tokenizer_counter(path: str | None) -> Callable[[str], int] | None:
+    if not path:
+        return None
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.exists():
+        raise BenchInputError(f"no tokenizer.json at {path}")
+    tok = Tokenizer.from_file(str(file))
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+# -- server life cycle through the existing up/down core -------------------------------------------------
+
+
+def _up(recipe: str, overrides: tuple[str, ...], *, restart: bool, reporter: Any) -> Any:
+    from sparkctl.up import UpOptions, run_up
+
+    return run_up(UpOptions(recipe=recipe, overrides=overrides, restart=restart, smoke=False), reporter)
+
+
+def _down(recipe_name: str) -> None:
+    from sparkctl.runtimes import state as state_files
+    from sparkctl.up import get_runtime
+
+    st = state_files.load(recipe_name)
+    if st is None:
+        return
+    get_runtime(st.runtime).stop(st)
+    state_files.remove(st.recipe)
+
+
+def _running(recipe: str) -> Any:
+    from sparkctl.recipe import load_recipe
+    from sparkctl.runtimes import state as state_files
+
+    name = load_recipe(recipe, []).name
+    st = state_files.load(name)
+    if st is None:
+        raise BenchInputError(
+            f"recipe {name} is not running",
+            hint=f"start it (sparkctl up {recipe}) or let bench do it: sparkctl bench {recipe} --up",
+        )
+    return st
+
+
+@contextlib.contextmanager
+def _served(opts: BenchOptions, overrides: tuple[str, ...], reporter: Any, *, restart: bool) -> Iterator[dict[str, Any]]:
+    """Yield {base_url, model, server-info} for the target; start/stop it when asked to."""
+    if opts.url:
+        yield {"base_url": normalize_url(opts.url), "model": opts.model or "", "server": {}}
+        return
+    assert opts.recipe is not None
+    if opts.up or opts.sweep:
+        res = _up(opts.recipe, overrides, restart=restart, reporter=reporter)
+        st = res.state
+        started = not res.already_running
+        info = {
+            "recipe": res.plan.recipe_name,
+            "recipe_hash": res.plan.recipe_hash,
+            "runtime": res.plan.runtime,
+            "image": res.plan.container.image if res.plan.container else None,
+            "overrides": list(overrides),
+            "seconds_to_healthy": res.seconds_to_healthy,
+            "started_by_bench": started,
+        }
+        try:
+            yield {"base_url": st.base_url, "model": opts.model or st.served_model_name, "server": info}
+        finally:
+            if started or opts.sweep:
+                _down(res.plan.recipe_name)
+        return
+    st = _running(opts.recipe)
+    info = {
+        "recipe": st.recipe,
+        "recipe_hash": st.recipe_hash,
+        "runtime": st.runtime,
+        "image": st.extra.get("image") or st.container_name,
+        "overrides": [],
+        "started_by_bench": False,
+    }
+    yield {"base_url": st.base_url, "model": opts.model or st.served_model_name, "server": info}
+
+
+# -- one variant -------------------------------------------------------------------------------------
+
+
+def _bench_variant(
+    opts: BenchOptions,
+    where: dict[str, Any],
+    variant: dict[str, Any],
+    save: Callable[[], None],
+    progress: Progress,
+    stop: threading.Event,
+) -> None:
+    cfg = opts.config
+    target = Target(base_url=where["base_url"], model=where["model"], api_key=opts.api_key, api=opts.api,
+                    timeout_s=opts.timeout_s)
+    http = target.new_http()
+    try:
+        entry = resolve_model(http, target)
+        variant["model"] = target.model
+        variant["max_model_len"] = entry.get("max_model_len")
+        variant["server"] = where["server"] | {"engine_version": server_version(http), "owned_by": entry.get("owned_by")}
+        ctx = Ctx(target, http, cfg, entry.get("max_model_len"), progress, stop, _tokenizer_counter(opts.tokenizer))
+        progress.task(variant["label"], planned_requests(cfg))
+        wl = variant["workloads"]
+        wl["warmup"] = {}
+        warmup(ctx, wl["warmup"])
+        for name in cfg.workloads:
+            section: dict[str, Any] = {}
+            wl[name] = section
+            progress.note(f"{variant['label']}: {name}")
+            try:
+                COLLECT[name](ctx, section)
+            finally:
+                FINISH[name](section, cfg.slo)
+                save()
+        variant["continuous_usage"] = target.continuous_usage
+    finally:
+        http.close()
+
+
+def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: Any = None) -> Outcome:
+    progress = progress or Progress()
+    cfg = opts.config
+    if not opts.url and not opts.recipe:
+        raise BenchInputError("name a RECIPE or give --url URL", hint="sparkctl bench tiny, or sparkctl bench --url http://127.0.0.1:8000")
+    if opts.sweep and not opts.recipe:
+        raise BenchInputError("--sweep needs a RECIPE (each variant is started with sparkctl up)")
+    name = opts.recipe or (opts.model or normalize_url(opts.url or "").split("//")[-1])
+    out_dir = opts.out_dir or records.default_out_dir(name)
+    json_path = out_dir / "bench.json"
+    rec = records.new_record(
+        target={"recipe": opts.recipe, "url": opts.url, "model": opts.model, "api": opts.api},
+        config=cfg.to_json() | {"sweep": {"path": opts.sweep[0], "values": list(opts.sweep[1])} if opts.sweep else None},
+        server={},
+    )
+
+    def save() -> None:
+        records.save(rec, json_path)
+
+    stop = threading.Event()
+    variants: list[tuple[str, tuple[str, ...]]] = (
+        [(f"{opts.sweep[0]}={v}", (*opts.overrides, f"{opts.sweep[0]}={v}")) for v in opts.sweep[1]]
+        if opts.sweep
+        else [("default", opts.overrides)]
+    )
+    stopped_by: BaseException | None = None
+    t0 = time.monotonic()
+    try:
+        for label, overrides in variants:
+            variant: dict[str, Any] = {"label": label, "overrides": list(overrides), "workloads": {}}
+            rec["variants"].append(variant)
+            with _served(opts, overrides, up_reporter, restart=bool(opts.sweep)) as where:
+                rec["target"]["base_url"] = where["base_url"]
+                rec["server"] = where["server"]
+                _bench_variant(opts, where, variant, save, progress, stop)
+            save()
+        rec["complete"] = True
+    except KeyboardInterrupt as exc:
+        stop.set()
+        rec["interrupted"] = True
+        stopped_by = exc
+    except SparkctlError as exc:
+        rec["error"] = str(exc)
+        stopped_by = exc
+    finally:
+        rec["finished_at"] = records.now_iso()
+        rec["wall_s"] = time.monotonic() - t0
+        if rec["variants"] and "model" in rec["variants"][0]:
+            rec["target"]["model"] = rec["variants"][0]["model"]
+        save()
+    return Outcome(rec, json_path, stopped_by)

@@ -1,0 +1,302 @@
+"""`sparkctl bench [RECIPE | --url URL]` and `sparkctl bench compare A.json B.json ...`.
+
+Parses options and renders; sparkctl.bench.runner does the work and returns the record. Progress
+goes to stderr, the table (or --markdown / --json) to stdout, files under --out.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sparkctl.errors import UserError
+
+
+def _ints(value: str | None, what: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        vals = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError as exc:
+        raise UserError(f"{what} takes comma-separated integers, not {value!r}") from exc
+    if not vals or min(vals) < 0:
+        raise UserError(f"{what} takes comma-separated non-negative integers, not {value!r}")
+    return vals
+
+
+def _slo(values: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for v in values:
+        key, sep, num = v.partition("=")
+        if not sep or key not in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"):
+            raise UserError(f"--slo {v!r} is not KEY=MS", hint="keys: ttft_ms, tpot_ms, e2e_ms, itl_ms")
+        try:
+            out[key] = float(num)
+        except ValueError as exc:
+            raise UserError(f"--slo {v!r}: {num!r} is not a number") from exc
+    return out
+
+
+class _DefaultToRun(click.Group):
+    """`sparkctl bench tiny` means `sparkctl bench run tiny`; `compare` is the one other verb."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            if not (args and args[0] in ("-h", "--help")):
+                args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("bench", cls=_DefaultToRun, short_help="Measure TTFT, decode tok/s and more on a server.")
+def bench_cmd() -> None:
+    """Benchmark a running OpenAI-compatible server (RECIPE or --url), or compare records.
+
+    \b
+    sparkctl bench RECIPE [options]      (same as: sparkctl bench run RECIPE)
+    sparkctl bench --url URL --model M
+    sparkctl bench compare A.json B.json
+    """
+
+
+@bench_cmd.command("run", short_help="Benchmark RECIPE (running, or --up) or --url.")
+@click.argument("recipe", required=False)
+@click.option("--url", help="Benchmark this OpenAI-compatible server instead of a recipe (http://host:port[/v1]).")
+@click.option("--model", help="Served model name (default: the recipe's, or the only one served).")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer key for servers that require one [env OPENAI_API_KEY].")
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--up", "bring_up", is_flag=True, help="Start RECIPE first (sparkctl up) and stop it after.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Recipe override for --up/--sweep.")
+@click.option("--sweep", metavar="PATH=V1,V2,...", help="Restart RECIPE per value of a --set path and compare.")
+@click.option("--workloads", "-w", help="Comma list of suite,followup,long,concurrency,grid [suite,followup,long,concurrency].")
+@click.option("--grid", type=click.Choice(["arena-v2"]), help="Run a named grid (adds the grid workload).")
+@click.option("--grid-depths", help="Narrow the grid's context depths (comma list).")
+@click.option("--grid-concurrency", help="Narrow the grid's concurrency levels (comma list).")
+@click.option("--grid-pp", type=click.IntRange(1), help="Grid prompt tokens (arena-v2: 2048).")
+@click.option("--grid-tg", type=click.IntRange(1), help="Grid output tokens (arena-v2: 128).")
+@click.option("--grid-runs", type=click.IntRange(1), help="Grid runs per task (arena-v2: 3).")
+@click.option("--max-tokens", type=click.IntRange(1), help="Output tokens per request (recipe bench.max_tokens, else 128).")
+@click.option("--runs", type=click.IntRange(1), help="Measured repetitions per case (recipe bench.runs, else 3).")
+@click.option("--warmup", type=click.IntRange(0), help="Unmeasured warm-up requests (recipe bench.warmup, else 1).")
+@click.option("--categories", help="Comma list of suite categories (default: all eight).")
+@click.option("--concurrency", "levels", help="Concurrency levels (default 1,2,4,8).")
+@click.option("--requests", type=click.IntRange(1), help="Measured requests per concurrency level (default max(4c,16)).")
+@click.option("--long-tokens", help="Long-prompt sizes in tokens (default: the model's context, at most 120000).")
+@click.option("--followup-tokens", type=click.IntRange(8), help="Context tokens of the follow-up test.")
+@click.option("--slo", multiple=True, metavar="KEY=MS", help="Goodput SLO: ttft_ms, tpot_ms, e2e_ms or itl_ms. Repeatable.")
+@click.option("--tokenizer", type=click.Path(), help="tokenizer.json (or its folder) to count tokens when a server sends no usage.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Output folder [./sparkctl-bench/NAME-TIME].")
+@click.option("--markdown", is_flag=True, help="Print a Markdown table instead of the terminal table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON on stdout.")
+@click.option("--no-html", is_flag=True, help="Do not write report.html.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
+def run_cmd(**kw: Any) -> None:
+    """Benchmark RECIPE's running server (or --url) and write bench.json + report.html.
+
+    Metrics (exact definitions in the README and the record): TTFT to the first chunk with content,
+    reasoning or tool-call text; output tokens from the server's usage; decode tok/s =
+    (N-1)/(t_last-t_first); TPOT, ITL, prefill tok/s (checked against /metrics), e2e, goodput.
+    Ctrl-C stops and keeps what was measured.
+    """
+    from sparkctl.bench import grids
+    from sparkctl.bench.runner import BenchOptions, parse_sweep, run
+    from sparkctl.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, Config
+
+    recipe = kw["recipe"]
+    if recipe and kw["url"]:
+        raise UserError("give a RECIPE or --url, not both")
+    if (kw["bring_up"] or kw["sweep"]) and not recipe:
+        raise UserError("--up and --sweep need a RECIPE")
+    defaults = _recipe_bench_defaults(recipe) if recipe else None
+    workloads = tuple(w.strip() for w in kw["workloads"].split(",") if w.strip()) if kw["workloads"] else DEFAULT_WORKLOADS
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad:
+        raise UserError(f"unknown workload(s): {', '.join(bad)}", hint=f"valid: {', '.join(WORKLOADS)}")
+    grid = None
+    if kw["grid"] or "grid" in workloads:
+        grid = grids.get_grid(
+            kw["grid"] or "arena-v2",
+            depths=_ints(kw["grid_depths"], "--grid-depths"),
+            concurrency=_ints(kw["grid_concurrency"], "--grid-concurrency"),
+            pp=kw["grid_pp"],
+            tg=kw["grid_tg"],
+            runs=kw["grid_runs"],
+        )
+        if "grid" not in workloads:
+            workloads = (*workloads, "grid") if kw["workloads"] else ("grid",)
+    cats = tuple(kw["categories"].split(",")) if kw["categories"] else None
+    from sparkctl.bench.prompts import CATEGORIES
+
+    if cats and any(c not in CATEGORIES for c in cats):
+        raise UserError(f"unknown category in {kw['categories']!r}", hint=f"valid: {', '.join(CATEGORIES)}")
+    d = defaults or {}
+    recipe_levels = tuple(d.get("concurrency") or ())
+    cfg = Config(
+        max_tokens=kw["max_tokens"] or d.get("max_tokens", 128),
+        warmup=kw["warmup"] if kw["warmup"] is not None else d.get("warmup", 1),
+        runs=kw["runs"] or d.get("runs", 3),
+        workloads=workloads,
+        categories=cats or tuple(CATEGORIES),
+        followup_tokens=kw["followup_tokens"],
+        long_tokens=_ints(kw["long_tokens"], "--long-tokens") or tuple(d.get("prompt_tokens") or ()),
+        concurrency=_ints(kw["levels"], "--concurrency") or (recipe_levels if recipe_levels not in ((), (1,)) else (1, 2, 4, 8)),
+        requests_per_level=kw["requests"],
+        grid=grid,
+        slo=_slo(kw["slo"]),
+    )
+    if 0 in cfg.concurrency:
+        raise UserError("--concurrency levels must be at least 1")
+    opts = BenchOptions(
+        recipe=recipe,
+        url=kw["url"],
+        model=kw["model"],
+        api_key=kw["api_key"],
+        api=kw["api"],
+        overrides=kw["overrides"],
+        up=kw["bring_up"],
+        sweep=parse_sweep(kw["sweep"]) if kw["sweep"] else None,
+        out_dir=kw["out_dir"],
+        tokenizer=kw["tokenizer"],
+        timeout_s=kw["timeout"],
+        config=cfg,
+    )
+    from sparkctl.bench.progress import RichProgress
+
+    err = _console(stderr=True)
+    reporter = _up_reporter()
+    with RichProgress(err) as progress:
+        outcome = run(opts, progress=progress, up_reporter=reporter)
+    rec = outcome.record
+    paths = [outcome.json_path]
+    if not kw["no_html"] and rec["variants"]:
+        from sparkctl.bench import record as records
+        from sparkctl.bench.report import render_html
+
+        paths.append(records.write_text(render_html(rec), outcome.json_path.with_name("report.html")))
+    _render(rec, markdown=kw["markdown"], as_json=kw["as_json"])
+    for p in paths:
+        err.print(f"[dim]wrote[/] {p}")
+    if outcome.stopped_by is not None:
+        if isinstance(outcome.stopped_by, KeyboardInterrupt):
+            err.print("[yellow]interrupted: partial results kept[/]")
+            sys.exit(130)
+        exc = outcome.stopped_by
+        if rec["variants"] and any(v["workloads"] for v in rec["variants"]):
+            err.print(f"[yellow]partial results kept in {outcome.json_path}[/]")
+        raise exc
+
+
+@bench_cmd.command("compare", short_help="Before -> after across bench records (or llama-benchy JSON).")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--markdown", is_flag=True, help="Print Markdown instead of the terminal table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), help="Also write an HTML comparison here.")
+def compare_cmd(files: tuple[Path, ...], markdown: bool, as_json: bool, html_out: Path | None) -> None:
+    """Compare bench records: the first file (or a sweep's first variant) is the baseline."""
+    import json
+
+    from sparkctl.bench.compare import compare
+
+    result = compare(list(files))
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    else:
+        _render_compare(result, markdown=markdown)
+    if html_out:
+        from sparkctl.bench import record as records
+        from sparkctl.bench.report import render_compare_html
+
+        records.write_text(render_compare_html(result), html_out)
+        _console(stderr=True).print(f"[dim]wrote[/] {html_out}")
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+
+
+def _console(*, stderr: bool) -> Any:
+    from rich.console import Console
+
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, highlight=False, width=200, soft_wrap=False)
+    return console
+
+
+def _up_reporter() -> Any:
+    try:
+        from sparkctl.commands.lifecycle import RichReporter
+
+        return RichReporter()
+    except ImportError:  # the up core's default reporter prints nothing
+        return None
+
+
+def _recipe_bench_defaults(recipe: str) -> dict[str, Any] | None:
+    from sparkctl.recipe import load_recipe
+
+    try:
+        r = load_recipe(recipe, [])
+    except Exception:  # a URL-less unknown recipe is reported by the runner with a better message
+        raise
+    return r.bench.model_dump() if getattr(r, "bench", None) is not None else None
+
+
+def _render(rec: dict[str, Any], *, markdown: bool, as_json: bool) -> None:
+    from sparkctl.bench import tables
+
+    if as_json:
+        import json
+
+        click.echo(json.dumps(rec, indent=1, default=str))
+        return
+    if markdown:
+        click.echo(tables.markdown(rec), nl=False)
+        return
+    from rich.table import Table
+
+    out = _console(stderr=False)
+    t = rec.get("target", {})
+    table = Table(title=f"sparkctl bench · {t.get('recipe') or t.get('url')} · {t.get('model')}")
+    for c in tables.COLUMNS:
+        table.add_column(c, justify="left" if c in ("variant", "workload", "case") else "right")
+    for r in tables.rows(rec):
+        table.add_row(*r)
+    out.print(table)
+    g = tables.grid_rows(rec)
+    if g:
+        gt = Table(title="grid (llama-benchy fields)")
+        for c in tables.GRID_COLUMNS:
+            gt.add_column(c, justify="left" if c in ("variant", "test") else "right")
+        for r in g:
+            gt.add_row(*r)
+        out.print(gt)
+
+
+def _render_compare(result: dict[str, Any], *, markdown: bool) -> None:
+    files = result["files"]
+    head = ["variant", "workload", "case", "metric", files[0]] + [x for f in files[1:] for x in (f, "Δ%")]
+    body = []
+    for r in result["rows"]:
+        cells = [r["variant"], r["workload"], r["case"], r["metric"], f"{r['base']:,.2f}"]
+        for o in r["others"]:
+            cells.append("-" if o["value"] is None else f"{o['value']:,.2f}")
+            mark = "" if o["better"] is None else (" ▲" if o["better"] else " ▼")
+            cells.append("-" if o["pct"] is None else f"{o['pct']:+.1f}%{mark}")
+        body.append(cells)
+    if markdown:
+        click.echo("| " + " | ".join(head) + " |")
+        click.echo("|" + "|".join("---" for _ in head) + "|")
+        for c in body:
+            click.echo("| " + " | ".join(c) + " |")
+        return
+    from rich.table import Table
+
+    table = Table(title="sparkctl bench compare (▲ better, ▼ worse)")
+    for h in head:
+        table.add_column(h, justify="left" if h in ("variant", "workload", "case", "metric") else "right")
+    for c in body:
+        table.add_row(*c)
+    _console(stderr=False).print(table)
+
