@@ -23,7 +23,9 @@ class BenchInputError(UserError):
     """Bad input for a benchmark (unreachable server, wrong model, too long a prompt...): exit 2."""
 
 
-_TOO_LONG = re.compile(r"maximum context length|context length|too long|max_model_len|maximum input length", re.I)
+_TOO_LONG = re.compile(
+    r"maximum context length|context length|too long|max_model_len|maximum input length", re.I
+)
 
 
 @dataclass
@@ -164,11 +166,7 @@ def timed_request(
         with http.stream("POST", path, json=body) as resp:
             if resp.status_code != 200:
                 resp.read()
-                if (
-                    resp.status_code == 400
-                    and target.continuous_usage
-                    and "continuous_usage" in resp.text
-                ):
+                if resp.status_code == 400 and target.continuous_usage and "continuous_usage" in resp.text:
                     target.continuous_usage = False
                     body["stream_options"].pop("continuous_usage_stats", None)
                     return timed_request(http, target, body, count_tokens=count_tokens)
@@ -178,7 +176,7 @@ def timed_request(
                 resp.read()
                 raise BenchInputError(
                     f"{target.base_url} did not stream (content-type {ctype or 'none'}, not text/event-stream)",
-                    hint="sparkctl bench needs a server that honours \"stream\": true (Server-Sent Events)",
+                    hint='sparkctl bench needs a server that honours "stream": true (Server-Sent Events)',
                 )
             for line in resp.iter_lines():
                 t = time.perf_counter()

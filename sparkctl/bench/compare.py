@@ -84,7 +84,7 @@ def from_sparkctl(rec: dict[str, Any]) -> dict[Key, float]:
         lab = v["label"]
         wl = v.get("workloads", {})
 
-        def put(workload: str, case: str, s: dict[str, Any] | None) -> None:
+        def put(workload: str, case: str, s: dict[str, Any] | None, lab: str = lab) -> None:
             if not s:
                 return
             for field, metric, scale in (("decode_tps", "decode tok/s", 1), ("ttft_s", "TTFT ms", 1000),

@@ -7,6 +7,7 @@ requests so Ctrl-C keeps everything measured so far.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +25,8 @@ class Interrupted(Exception):
 
 def _warm_client(target: Target) -> Any:
     http = target.new_http()
-    try:
+    with contextlib.suppress(Exception):  # the first timed request reports a real failure
         http.get("/v1/models")  # opens the keep-alive connection outside any timing
-    except Exception:  # the first timed request will report a real failure
-        pass
     return http
 
 

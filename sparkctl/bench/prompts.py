@@ -40,23 +40,50 @@ CONTEXT_LOAD_MESSAGE = "Read the document above; questions follow."
 ARENA_PROMPT = "Continue the text above with the next paragraph, in the same style."
 
 _SUBJECTS = (
-    "The harbour master", "A quiet engineer", "The old library", "Every spring the river", "The committee",
-    "A travelling merchant", "The observatory", "Our neighbour", "The night train", "A young botanist",
+    "The harbour master",
+    "A quiet engineer",
+    "The old library",
+    "Every spring the river",
+    "The committee",
+    "A travelling merchant",
+    "The observatory",
+    "Our neighbour",
+    "The night train",
+    "A young botanist",
 )
 _VERBS = (
-    "recorded", "noticed", "described", "measured", "questioned", "rebuilt", "followed", "explained",
-    "collected", "painted",
+    "recorded",
+    "noticed",
+    "described",
+    "measured",
+    "questioned",
+    "rebuilt",
+    "followed",
+    "explained",
+    "collected",
+    "painted",
 )
 _OBJECTS = (
-    "the changing tides along the northern coast", "a map of forgotten roads", "the price of bread in winter",
-    "seven letters nobody had answered", "the sound of bells across the valley", "a machine made of brass",
-    "the path of a comet", "the names of every ship in port", "a garden that grew in the dark",
+    "the changing tides along the northern coast",
+    "a map of forgotten roads",
+    "the price of bread in winter",
+    "seven letters nobody had answered",
+    "the sound of bells across the valley",
+    "a machine made of brass",
+    "the path of a comet",
+    "the names of every ship in port",
+    "a garden that grew in the dark",
     "the rules of a very old game",
 )
 _TAILS = (
-    "before anyone else was awake.", "and wrote it all down.", "although the weather was against them.",
-    "as the town slowly changed.", "with great patience.", "for reasons that became clear later.",
-    "in a notebook with a green cover.", "while the lamps were lit one by one.",
+    "before anyone else was awake.",
+    "and wrote it all down.",
+    "although the weather was against them.",
+    "as the town slowly changed.",
+    "with great patience.",
+    "for reasons that became clear later.",
+    "in a notebook with a green cover.",
+    "while the lamps were lit one by one.",
 )
 
 

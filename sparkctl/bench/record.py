@@ -69,7 +69,11 @@ def _gpus() -> list[dict[str, Any]]:
     except (OSError, subprocess.SubprocessError):
         return []
     keys = q.split(",")
-    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines() if line.strip()]
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
+        for line in out.splitlines()
+        if line.strip()
+    ]
 
 
 def host_info() -> dict[str, Any]:

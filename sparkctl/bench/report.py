@@ -50,7 +50,11 @@ def render_html(record: dict[str, Any]) -> str:
     t = record.get("target", {})
     host = record.get("host", {})
     gpus = ", ".join(g.get("name", "?") for g in host.get("gpus", [])) or "no GPU"
-    status = "complete" if record.get("complete") else ("interrupted, partial" if record.get("interrupted") else "partial")
+    status = (
+        "complete"
+        if record.get("complete")
+        else ("interrupted, partial" if record.get("interrupted") else "partial")
+    )
     if record.get("error"):
         status += f" (stopped: {record['error']})"
     server = record.get("server", {})
@@ -62,9 +66,14 @@ def render_html(record: dict[str, Any]) -> str:
     parts = ["<section><h2>Results</h2>", _table(tables.COLUMNS, tables.rows(record)), "</section>"]
     g = tables.grid_rows(record)
     if g:
-        parts += ["<section><h2>Grid (llama-benchy fields)</h2>", _table(tables.GRID_COLUMNS, g), "</section>"]
+        parts += [
+            "<section><h2>Grid (llama-benchy fields)</h2>",
+            _table(tables.GRID_COLUMNS, g),
+            "</section>",
+        ]
     defs = "".join(
-        f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in record.get("definitions", {}).items()
+        f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
+        for k, v in record.get("definitions", {}).items()
     )
     parts.append(f"<section><h2>Definitions</h2><dl>{defs}</dl></section>")
     name = f"sparkctl bench · {t.get('recipe') or t.get('model') or 'server'}"
@@ -78,7 +87,10 @@ def render_compare_html(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         cells = [r["variant"], r["workload"], r["case"], r["metric"], f"{r['base']:.2f}"]
         for o in r["others"]:
-            cells += ["-" if o["value"] is None else f"{o['value']:.2f}", "-" if o["pct"] is None else f"{o['pct']:+.1f}%"]
+            cells += [
+                "-" if o["value"] is None else f"{o['value']:.2f}",
+                "-" if o["pct"] is None else f"{o['pct']:+.1f}%",
+            ]
         rows.append(cells)
     tbl = "<section><h2>Before → after</h2>" + _table(cols, rows) + "</section>"
     return _page("sparkctl bench compare", html.escape(" → ".join(files)), tbl, result, "compare.json")

@@ -44,12 +44,27 @@ class Outcome:
     stopped_by: BaseException | None = None
 
 
+def has_data(rec: dict[str, Any]) -> bool:
+    """Did any workload (warm-up aside) measure anything?"""
+    for v in rec.get("variants", []):
+        for name, section in v.get("workloads", {}).items():
+            if name == "warmup":
+                continue
+            if section.get("samples") or section.get("pairs") or section.get("tasks"):
+                return True
+            if any(p.get("samples") for p in section.get("points", []) + section.get("levels", [])):
+                return True
+    return False
+
+
 def parse_sweep(spec: str) -> tuple[str, tuple[str, ...]]:
     """`serve.speculative.num_speculative_tokens=0,1,2,3` -> (path, values)."""
     path, sep, values = spec.partition("=")
     vals = tuple(v.strip() for v in values.split(",") if v.strip())
     if not sep or not path.strip() or not vals:
-        raise BenchInputError(f"--sweep {spec!r} is not PATH=V1,V2,...", hint="e.g. --sweep serve.max_num_seqs=4,8")
+        raise BenchInputError(
+            f"--sweep {spec!r} is not PATH=V1,V2,...", hint="e.g. --sweep serve.max_num_seqs=4,8"
+        )
     return path.strip(), vals
 
 
@@ -101,7 +116,9 @@ def _running(recipe: str) -> Any:
 
 
 @contextlib.contextmanager
-def _served(opts: BenchOptions, overrides: tuple[str, ...], reporter: Any, *, restart: bool) -> Iterator[dict[str, Any]]:
+def _served(
+    opts: BenchOptions, overrides: tuple[str, ...], reporter: Any, *, restart: bool
+) -> Iterator[dict[str, Any]]:
     """Yield {base_url, model, server-info} for the target; start/stop it when asked to."""
     if opts.url:
         yield {"base_url": normalize_url(opts.url), "model": opts.model or "", "server": {}}
@@ -150,15 +167,25 @@ def _bench_variant(
     stop: threading.Event,
 ) -> None:
     cfg = opts.config
-    target = Target(base_url=where["base_url"], model=where["model"], api_key=opts.api_key, api=opts.api,
-                    timeout_s=opts.timeout_s)
+    target = Target(
+        base_url=where["base_url"],
+        model=where["model"],
+        api_key=opts.api_key,
+        api=opts.api,
+        timeout_s=opts.timeout_s,
+    )
     http = target.new_http()
     try:
         entry = resolve_model(http, target)
         variant["model"] = target.model
         variant["max_model_len"] = entry.get("max_model_len")
-        variant["server"] = where["server"] | {"engine_version": server_version(http), "owned_by": entry.get("owned_by")}
-        ctx = Ctx(target, http, cfg, entry.get("max_model_len"), progress, stop, _tokenizer_counter(opts.tokenizer))
+        variant["server"] = where["server"] | {
+            "engine_version": server_version(http),
+            "owned_by": entry.get("owned_by"),
+        }
+        ctx = Ctx(
+            target, http, cfg, entry.get("max_model_len"), progress, stop, _tokenizer_counter(opts.tokenizer)
+        )
         progress.task(variant["label"], planned_requests(cfg))
         wl = variant["workloads"]
         wl["warmup"] = {}
@@ -181,7 +208,10 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
     progress = progress or Progress()
     cfg = opts.config
     if not opts.url and not opts.recipe:
-        raise BenchInputError("name a RECIPE or give --url URL", hint="sparkctl bench tiny, or sparkctl bench --url http://127.0.0.1:8000")
+        raise BenchInputError(
+            "name a RECIPE or give --url URL",
+            hint="sparkctl bench tiny, or sparkctl bench --url http://127.0.0.1:8000",
+        )
     if opts.sweep and not opts.recipe:
         raise BenchInputError("--sweep needs a RECIPE (each variant is started with sparkctl up)")
     name = opts.recipe or (opts.model or normalize_url(opts.url or "").split("//")[-1])
@@ -189,12 +219,14 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
     json_path = out_dir / "bench.json"
     rec = records.new_record(
         target={"recipe": opts.recipe, "url": opts.url, "model": opts.model, "api": opts.api},
-        config=cfg.to_json() | {"sweep": {"path": opts.sweep[0], "values": list(opts.sweep[1])} if opts.sweep else None},
+        config=cfg.to_json()
+        | {"sweep": {"path": opts.sweep[0], "values": list(opts.sweep[1])} if opts.sweep else None},
         server={},
     )
 
     def save() -> None:
-        records.save(rec, json_path)
+        if has_data(rec):  # a run stopped before any measurement leaves no file behind
+            records.save(rec, json_path)
 
     stop = threading.Event()
     variants: list[tuple[str, tuple[str, ...]]] = (

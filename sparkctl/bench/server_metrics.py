@@ -16,7 +16,11 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+
 
 # our key -> Prometheus names (summed over label sets), first that is present wins
 COUNTERS: dict[str, tuple[str, ...]] = {
-    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "llamacpp:prompt_tokens_total"),
+    "prompt_tokens": (
+        "vllm:prompt_tokens_total",
+        "sglang:prompt_tokens_total",
+        "llamacpp:prompt_tokens_total",
+    ),
     "generation_tokens": (
         "vllm:generation_tokens_total",
         "sglang:generation_tokens_total",
@@ -86,7 +90,10 @@ def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> di
         if g in after:
             d[g] = after[g]
     if d.get("prefill_time_s"):
-        d["server_prefill_tps"] = d.get("prompt_tokens", 0.0) / d["prefill_time_s"]
+        # computed (uncached) prompt tokens over the engine's prefill seconds, like the client's figure
+        d["server_prefill_tps"] = (d.get("prompt_tokens", 0.0) - d.get("prefix_cache_hits", 0.0)) / d[
+            "prefill_time_s"
+        ]
     if d.get("prefix_cache_queries"):
         d["prefix_cache_hit_rate"] = d.get("prefix_cache_hits", 0.0) / d["prefix_cache_queries"]
     if d.get("spec_drafts"):

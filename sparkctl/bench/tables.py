@@ -19,8 +19,20 @@ def fmt(v: float | None, digits: int = 1) -> str:
     return f"{v:,.{digits}f}"
 
 
-COLUMNS = ("variant", "workload", "case", "n", "TTFT ms p50", "TTFT ms p90", "decode tok/s p50",
-           "TPOT ms p50", "e2e s p50", "prefill tok/s p50", "agg tok/s", "spread")
+COLUMNS = (
+    "variant",
+    "workload",
+    "case",
+    "n",
+    "TTFT ms p50",
+    "TTFT ms p90",
+    "decode tok/s p50",
+    "TPOT ms p50",
+    "e2e s p50",
+    "prefill tok/s p50",
+    "agg tok/s",
+    "spread",
+)
 
 
 def rows(record: dict[str, Any]) -> list[list[str]]:
@@ -30,7 +42,9 @@ def rows(record: dict[str, Any]) -> list[list[str]]:
         label = v["label"]
         wl = v.get("workloads", {})
 
-        def add(workload: str, case: str, s: dict[str, Any] | None, agg: float | None = None) -> None:
+        def add(
+            workload: str, case: str, s: dict[str, Any] | None, agg: float | None = None, label: str = label
+        ) -> None:
             if not s:
                 return
             dec = s.get("decode_tps")
@@ -62,7 +76,17 @@ def rows(record: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-GRID_COLUMNS = ("variant", "test", "c", "pp t/s", "tg t/s", "peak t/s", "ttfr ms", "est_ppt ms", "e2e_ttft ms")
+GRID_COLUMNS = (
+    "variant",
+    "test",
+    "c",
+    "pp t/s",
+    "tg t/s",
+    "peak t/s",
+    "ttfr ms",
+    "est_ppt ms",
+    "e2e_ttft ms",
+)
 
 
 def _ms(m: dict[str, Any] | None) -> str:
@@ -88,7 +112,9 @@ def markdown(record: dict[str, Any]) -> str:
 
     t = record.get("target", {})
     parts = [f"## sparkctl bench: {t.get('recipe') or t.get('url')} ({t.get('model')})", ""]
-    status = "complete" if record.get("complete") else ("interrupted" if record.get("interrupted") else "partial")
+    status = (
+        "complete" if record.get("complete") else ("interrupted" if record.get("interrupted") else "partial")
+    )
     parts.append(f"{record.get('created_at')} · sparkctl {record.get('sparkctl_version')} · {status}")
     parts.append("")
     body = rows(record)

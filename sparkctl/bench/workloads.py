@@ -261,7 +261,10 @@ def followup(ctx: Ctx, section: dict[str, Any]) -> None:
 
         def wrap(text: str, tag: str = tag) -> list[dict[str, Any]]:
             return [
-                {"role": "system", "content": f"[session {tag}] You answer questions about this document.\n{text}"},
+                {
+                    "role": "system",
+                    "content": f"[session {tag}] You answer questions about this document.\n{text}",
+                },
                 {"role": "user", "content": "What is the document about? Answer briefly."},
             ]
 
@@ -274,7 +277,11 @@ def followup(ctx: Ctx, section: dict[str, Any]) -> None:
         if not cold.ok:
             section["pairs"].append({"cold": _sj(cold), "warm": None})
             continue
-        turn2 = [*turn1, {"role": "assistant", "content": cold.content}, {"role": "user", "content": prompts.FOLLOW_UPS[r % 2]}]
+        turn2 = [
+            *turn1,
+            {"role": "assistant", "content": cold.content},
+            {"role": "user", "content": prompts.FOLLOW_UPS[r % 2]},
+        ]
         warm = ctx.request(turn2)
         m2 = ctx.metrics()
         section["pairs"].append(
@@ -329,7 +336,12 @@ def long_prompt(ctx: Ctx, section: dict[str, Any]) -> None:
                 tag = prompts.nonce()
 
                 def wrap(text: str, tag: str = tag) -> list[dict[str, Any]]:
-                    return [{"role": "user", "content": f"[run {tag}] {text}\nSummarise the text above in one line."}]
+                    return [
+                        {
+                            "role": "user",
+                            "content": f"[run {tag}] {text}\nSummarise the text above in one line.",
+                        }
+                    ]
 
                 text, counted = sized_text(ctx, n, seed=1000 + r, wrap=wrap)
                 point["tokenized"] = counted
@@ -363,8 +375,15 @@ def concurrency(ctx: Ctx, section: dict[str, Any]) -> None:
             text = prompts.with_nonce(prompts.CATEGORIES[cat_names[i % len(cat_names)]])
             return request_body(ctx.target, text, ctx.cfg.max_tokens)
 
-        closed_loop(ctx.target, body, c, c, count_tokens=ctx.count_tokens, stop=ctx.stop,
-                    on_sample=lambda s, lv=level: lv["warmup"].append(_sj(s)))
+        closed_loop(
+            ctx.target,
+            body,
+            c,
+            c,
+            count_tokens=ctx.count_tokens,
+            stop=ctx.stop,
+            on_sample=lambda s, lv=level: lv["warmup"].append(_sj(s)),
+        )
         before = ctx.metrics()
         try:
             closed_loop(
@@ -424,9 +443,16 @@ def grid(ctx: Ctx, section: dict[str, Any]) -> None:
         return ctx_cache[key]
 
     for depth, conc in g.schedule:
-        task: dict[str, Any] = {"depth": depth, "concurrency": conc, "pp": g.pp, "tg": g.tg, "runs": [], "context_runs": []}
+        task: dict[str, Any] = {
+            "depth": depth,
+            "concurrency": conc,
+            "pp": g.pp,
+            "tg": g.tg,
+            "runs": [],
+            "context_runs": [],
+        }
         section["tasks"].append(task)
-        for run in range(g.runs):
+        for _ in range(g.runs):
             bodies_ctx, bodies = [], []
             for i in range(conc):
                 tag = prompts.nonce()
@@ -435,7 +461,11 @@ def grid(ctx: Ctx, section: dict[str, Any]) -> None:
                     context = text_of(depth, 100 + i, lambda t: [{"role": "system", "content": t}])
                     sys_msg = {"role": "system", "content": f"[doc {tag}] {context}"}
                     bodies_ctx.append(
-                        request_body(ctx.target, [sys_msg, {"role": "user", "content": prompts.CONTEXT_LOAD_MESSAGE}], g.tg)
+                        request_body(
+                            ctx.target,
+                            [sys_msg, {"role": "user", "content": prompts.CONTEXT_LOAD_MESSAGE}],
+                            g.tg,
+                        )
                     )
                     msgs = [sys_msg, {"role": "user", "content": f"{prompt}\n{prompts.ARENA_PROMPT}"}]
                 else:
@@ -444,12 +474,18 @@ def grid(ctx: Ctx, section: dict[str, Any]) -> None:
             if ctx.stop.is_set():
                 raise KeyboardInterrupt
             if bodies_ctx and g.prefix_caching:
-                task["context_runs"].append([_sj(s) for s in run_batch(ctx.target, bodies_ctx, count_tokens=ctx.count_tokens)])
-            task["runs"].append([_sj(s) for s in run_batch(ctx.target, bodies, count_tokens=ctx.count_tokens)])
+                task["context_runs"].append(
+                    [_sj(s) for s in run_batch(ctx.target, bodies_ctx, count_tokens=ctx.count_tokens)]
+                )
+            task["runs"].append(
+                [_sj(s) for s in run_batch(ctx.target, bodies, count_tokens=ctx.count_tokens)]
+            )
             ctx.progress.advance()
 
 
-def _batch_metrics(batches: list[list[dict[str, Any]]], expected_pp: int, latency: float, *, uncached_pp: bool) -> dict[str, Any]:
+def _batch_metrics(
+    batches: list[list[dict[str, Any]]], expected_pp: int, latency: float, *, uncached_pp: bool
+) -> dict[str, Any]:
     """llama-benchy's per-task fields (throughputs in tok/s, times in ms) from the measured batches."""
     pp_req, tg_req, ttfr, est_ppt, e2e_ttft, peak_req = [], [], [], [], [], []
     pp_tot, tg_tot, peak_tot = [], [], []
@@ -460,7 +496,11 @@ def _batch_metrics(batches: list[list[dict[str, Any]]], expected_pp: int, latenc
         p_sum = g_sum = 0
         for s in ok:
             pt = expected_pp
-            if not uncached_pp and s["prompt_tokens"] and abs(s["prompt_tokens"] - expected_pp) < 0.2 * expected_pp:
+            if (
+                not uncached_pp
+                and s["prompt_tokens"]
+                and abs(s["prompt_tokens"] - expected_pp) < 0.2 * expected_pp
+            ):
                 pt = s["prompt_tokens"]
             p_sum += pt
             g_sum += s["completion_tokens"] or 0
@@ -508,7 +548,13 @@ def finish_grid(section: dict[str, Any], slo: dict[str, float]) -> None:
             t["context"] = _batch_metrics(t["context_runs"], t["depth"], lat, uncached_pp=False)
 
 
-COLLECT = {"suite": suite, "followup": followup, "long": long_prompt, "concurrency": concurrency, "grid": grid}
+COLLECT = {
+    "suite": suite,
+    "followup": followup,
+    "long": long_prompt,
+    "concurrency": concurrency,
+    "grid": grid,
+}
 FINISH = {
     "suite": finish_suite,
     "followup": finish_followup,

@@ -44,9 +44,8 @@ class _DefaultToRun(click.Group):
     """`sparkctl bench tiny` means `sparkctl bench run tiny`; `compare` is the one other verb."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or args[0] not in self.commands:
-            if not (args and args[0] in ("-h", "--help")):
-                args = ["run", *args]
+        if not (args and (args[0] in self.commands or args[0] in ("-h", "--help"))):
+            args = ["run", *args]
         return super().parse_args(ctx, args)
 
 
@@ -63,31 +62,66 @@ def bench_cmd() -> None:
 
 @bench_cmd.command("run", short_help="Benchmark RECIPE (running, or --up) or --url.")
 @click.argument("recipe", required=False)
-@click.option("--url", help="Benchmark this OpenAI-compatible server instead of a recipe (http://host:port[/v1]).")
+@click.option(
+    "--url", help="Benchmark this OpenAI-compatible server instead of a recipe (http://host:port[/v1])."
+)
 @click.option("--model", help="Served model name (default: the recipe's, or the only one served).")
-@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer key for servers that require one [env OPENAI_API_KEY].")
+@click.option(
+    "--api-key", envvar="OPENAI_API_KEY", help="Bearer key for servers that require one [env OPENAI_API_KEY]."
+)
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @click.option("--up", "bring_up", is_flag=True, help="Start RECIPE first (sparkctl up) and stop it after.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Recipe override for --up/--sweep.")
-@click.option("--sweep", metavar="PATH=V1,V2,...", help="Restart RECIPE per value of a --set path and compare.")
-@click.option("--workloads", "-w", help="Comma list of suite,followup,long,concurrency,grid [suite,followup,long,concurrency].")
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Recipe override for --up/--sweep."
+)
+@click.option(
+    "--sweep", metavar="PATH=V1,V2,...", help="Restart RECIPE per value of a --set path and compare."
+)
+@click.option(
+    "--workloads",
+    "-w",
+    help="Comma list of suite,followup,long,concurrency,grid [suite,followup,long,concurrency].",
+)
 @click.option("--grid", type=click.Choice(["arena-v2"]), help="Run a named grid (adds the grid workload).")
 @click.option("--grid-depths", help="Narrow the grid's context depths (comma list).")
 @click.option("--grid-concurrency", help="Narrow the grid's concurrency levels (comma list).")
 @click.option("--grid-pp", type=click.IntRange(1), help="Grid prompt tokens (arena-v2: 2048).")
 @click.option("--grid-tg", type=click.IntRange(1), help="Grid output tokens (arena-v2: 128).")
 @click.option("--grid-runs", type=click.IntRange(1), help="Grid runs per task (arena-v2: 3).")
-@click.option("--max-tokens", type=click.IntRange(1), help="Output tokens per request (recipe bench.max_tokens, else 128).")
-@click.option("--runs", type=click.IntRange(1), help="Measured repetitions per case (recipe bench.runs, else 3).")
-@click.option("--warmup", type=click.IntRange(0), help="Unmeasured warm-up requests (recipe bench.warmup, else 1).")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1),
+    help="Output tokens per request (recipe bench.max_tokens, else 128).",
+)
+@click.option(
+    "--runs", type=click.IntRange(1), help="Measured repetitions per case (recipe bench.runs, else 3)."
+)
+@click.option(
+    "--warmup", type=click.IntRange(0), help="Unmeasured warm-up requests (recipe bench.warmup, else 1)."
+)
 @click.option("--categories", help="Comma list of suite categories (default: all eight).")
 @click.option("--concurrency", "levels", help="Concurrency levels (default 1,2,4,8).")
-@click.option("--requests", type=click.IntRange(1), help="Measured requests per concurrency level (default max(4c,16)).")
-@click.option("--long-tokens", help="Long-prompt sizes in tokens (default: the model's context, at most 120000).")
+@click.option(
+    "--requests", type=click.IntRange(1), help="Measured requests per concurrency level (default max(4c,16))."
+)
+@click.option(
+    "--long-tokens", help="Long-prompt sizes in tokens (default: the model's context, at most 120000)."
+)
 @click.option("--followup-tokens", type=click.IntRange(8), help="Context tokens of the follow-up test.")
-@click.option("--slo", multiple=True, metavar="KEY=MS", help="Goodput SLO: ttft_ms, tpot_ms, e2e_ms or itl_ms. Repeatable.")
-@click.option("--tokenizer", type=click.Path(), help="tokenizer.json (or its folder) to count tokens when a server sends no usage.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Output folder [./sparkctl-bench/NAME-TIME].")
+@click.option(
+    "--slo",
+    multiple=True,
+    metavar="KEY=MS",
+    help="Goodput SLO: ttft_ms, tpot_ms, e2e_ms or itl_ms. Repeatable.",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(),
+    help="tokenizer.json (or its folder) to count tokens when a server sends no usage.",
+)
+@click.option(
+    "--out", "out_dir", type=click.Path(path_type=Path), help="Output folder [./sparkctl-bench/NAME-TIME]."
+)
 @click.option("--markdown", is_flag=True, help="Print a Markdown table instead of the terminal table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON on stdout.")
 @click.option("--no-html", is_flag=True, help="Do not write report.html.")
@@ -101,7 +135,7 @@ def run_cmd(**kw: Any) -> None:
     Ctrl-C stops and keeps what was measured.
     """
     from sparkctl.bench import grids
-    from sparkctl.bench.runner import BenchOptions, parse_sweep, run
+    from sparkctl.bench.runner import BenchOptions, has_data, parse_sweep, run
     from sparkctl.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, Config
 
     recipe = kw["recipe"]
@@ -110,7 +144,11 @@ def run_cmd(**kw: Any) -> None:
     if (kw["bring_up"] or kw["sweep"]) and not recipe:
         raise UserError("--up and --sweep need a RECIPE")
     defaults = _recipe_bench_defaults(recipe) if recipe else None
-    workloads = tuple(w.strip() for w in kw["workloads"].split(",") if w.strip()) if kw["workloads"] else DEFAULT_WORKLOADS
+    workloads = (
+        tuple(w.strip() for w in kw["workloads"].split(",") if w.strip())
+        if kw["workloads"]
+        else DEFAULT_WORKLOADS
+    )
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad:
         raise UserError(f"unknown workload(s): {', '.join(bad)}", hint=f"valid: {', '.join(WORKLOADS)}")
@@ -141,7 +179,8 @@ def run_cmd(**kw: Any) -> None:
         categories=cats or tuple(CATEGORIES),
         followup_tokens=kw["followup_tokens"],
         long_tokens=_ints(kw["long_tokens"], "--long-tokens") or tuple(d.get("prompt_tokens") or ()),
-        concurrency=_ints(kw["levels"], "--concurrency") or (recipe_levels if recipe_levels not in ((), (1,)) else (1, 2, 4, 8)),
+        concurrency=_ints(kw["levels"], "--concurrency")
+        or (recipe_levels if recipe_levels not in ((), (1,)) else (1, 2, 4, 8)),
         requests_per_level=kw["requests"],
         grid=grid,
         slo=_slo(kw["slo"]),
@@ -169,8 +208,12 @@ def run_cmd(**kw: Any) -> None:
     with RichProgress(err) as progress:
         outcome = run(opts, progress=progress, up_reporter=reporter)
     rec = outcome.record
+    if not has_data(rec) and outcome.stopped_by is not None:  # nothing measured: the error says it all
+        if isinstance(outcome.stopped_by, KeyboardInterrupt):
+            sys.exit(130)
+        raise outcome.stopped_by
     paths = [outcome.json_path]
-    if not kw["no_html"] and rec["variants"]:
+    if not kw["no_html"]:
         from sparkctl.bench import record as records
         from sparkctl.bench.report import render_html
 
@@ -183,8 +226,7 @@ def run_cmd(**kw: Any) -> None:
             err.print("[yellow]interrupted: partial results kept[/]")
             sys.exit(130)
         exc = outcome.stopped_by
-        if rec["variants"] and any(v["workloads"] for v in rec["variants"]):
-            err.print(f"[yellow]partial results kept in {outcome.json_path}[/]")
+        err.print(f"[yellow]partial results kept in {outcome.json_path}[/]")
         raise exc
 
 
@@ -192,7 +234,9 @@ def run_cmd(**kw: Any) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--markdown", is_flag=True, help="Print Markdown instead of the terminal table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-@click.option("--html", "html_out", type=click.Path(path_type=Path), help="Also write an HTML comparison here.")
+@click.option(
+    "--html", "html_out", type=click.Path(path_type=Path), help="Also write an HTML comparison here."
+)
 def compare_cmd(files: tuple[Path, ...], markdown: bool, as_json: bool, html_out: Path | None) -> None:
     """Compare bench records: the first file (or a sweep's first variant) is the baseline."""
     import json
@@ -299,4 +343,3 @@ def _render_compare(result: dict[str, Any], *, markdown: bool) -> None:
     for c in body:
         table.add_row(*c)
     _console(stderr=False).print(table)
-
