@@ -59,7 +59,7 @@ def peak_rate(events: list[tuple[float, int]], window_s: float = 1.0) -> float |
     running = 0
     for i in range(len(ev)):
         running += ev[i][1]
-        while ev[i][0] - ev[j][0] > window_s:
+        while ev[i][0] - ev[j][0] >= window_s:  # half-open window [t, t + 1 s)
             running -= ev[j][1]
             j += 1
         best = max(best, running)
