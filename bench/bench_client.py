@@ -47,7 +47,11 @@ def parse_cost_per_chunk(n: int, repeats: int = 20) -> float:
     chunk = json.dumps({"id": "chatcmpl-x", "object": "chat.completion.chunk", "model": "m",
                         "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}]})  # fmt: skip
     events = [TimedEvent(i * 0.001, chunk) for i in range(n)]
-    events.append(TimedEvent(n * 0.001, json.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})))
+    events.append(
+        TimedEvent(
+            n * 0.001, json.dumps({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}})
+        )
+    )
     t = time.perf_counter()
     for _ in range(repeats):
         measure(events, 0.0)

@@ -27,7 +27,9 @@ def _sleep_until(t: float) -> None:
 
 
 class FixedRateServer:
-    def __init__(self, *, interval_s: float = 0.005, ttft_s: float = 0.020, mode: str = "stream", key: str = "s3cret"):
+    def __init__(
+        self, *, interval_s: float = 0.005, ttft_s: float = 0.020, mode: str = "stream", key: str = "s3cret"
+    ):
         self.interval_s, self.ttft_s, self.mode, self.key = interval_s, ttft_s, mode, key
         self.times: list[float] = []
         self.lock = threading.Lock()
@@ -92,7 +94,12 @@ class FixedRateServer:
                 for i in range(n):
                     _sleep_until(start + i * outer.interval_s)
                     sent.append(send({"choices": [{"index": 0, "delta": {"content": f"t{i} "}}]}))
-                send({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}})
+                send(
+                    {
+                        "choices": [],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5},
+                    }
+                )
                 send("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

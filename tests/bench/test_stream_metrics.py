@@ -60,7 +60,11 @@ def test_real_vllm_chat_without_usage_counts_with_tokenizer_or_chunks() -> None:
 def test_real_vllm_completions_skips_empty_text_chunks() -> None:
     ev = load("vllm_completions_usage_last")
     s = measure(ev, 0.0)
-    texts = [json.loads(e.data)["choices"][0]["text"] for e in ev if e.data != "[DONE]" and json.loads(e.data)["choices"]]
+    texts = [
+        json.loads(e.data)["choices"][0]["text"]
+        for e in ev
+        if e.data != "[DONE]" and json.loads(e.data)["choices"]
+    ]
     assert len(s.token_times_s) == sum(1 for t in texts if t)
     assert s.completion_tokens == 8  # from usage, though one chunk carried no text
 
