@@ -47,11 +47,24 @@ test-image: docker-engine ## build the local sparkctl-test:cpu image the docker 
 
 # docker-engine/test-image exit 0 with a recorded reason when they cannot run here (not root, no
 # apt-get): the docker tests then skip with that reason instead of failing the whole run.
-test: install-vllm docker-engine test-image ## install everything the tests need and run them all
+test: install-vllm docker-engine test-image chromium ## install everything the tests need and run them all
 	$(BIN)/python -m pytest -q
 
 test-fast: install ## unit tests only (no servers)
 	$(BIN)/python -m pytest -q -m 'not e2e'
+
+# Debian's chromium, driven headless by playwright (dev extra) in the report test; without root or
+# apt-get the test skips with that reason instead of failing the run.
+.PHONY: chromium bench
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
+	  echo "chromium not installed (needs root + apt-get): the HTML report test will skip"
+
+# `make bench BENCH_ARGS="--grid arena-v2 ..."` passes options to `sparkctl bench` (see README).
+BENCH_ARGS ?=
+bench: install-vllm ## benchmark the embedded `tiny` recipe (brought up and down if not running); prints where the report is
+	$(BIN)/sparkctl bench tiny --up $(BENCH_ARGS)
 
 .PHONY: bench-prewarm
 bench-prewarm: install ## cold-read benchmark of prewarm: 4 GiB of shards under /var/tmp (removed after); see bench/PERF.md

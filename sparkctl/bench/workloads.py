@@ -227,28 +227,38 @@ def _prefill_crosscheck(section: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def sized_text(ctx: Ctx, n_tokens: int, seed: int, wrap: Callable[[str], Any]) -> tuple[str, int | None]:
-    """Filler text whose wrapped request counts about n_tokens by the server's /tokenize."""
-    probe = prompts.filler(20, seed)
+    """Filler text whose wrapped request counts at most n_tokens, as close as a word allows.
+
+    Counted by the server's own /tokenize (chat template included), so the prompt is the size the
+    model sees, whatever its tokenizer; a binary search over the number of words needs ~log2(words)
+    calls. Without /tokenize, ~12 tokens a sentence is assumed and the count is None.
+    """
     base = tokenize_count(ctx.http, ctx.target, wrap(""))
+    probe = prompts.filler(20, seed)
     full = tokenize_count(ctx.http, ctx.target, wrap(probe))
     if base is None or full is None or full <= base:
-        n = max(1, n_tokens // 12)  # ~12 tokens a sentence when the server has no /tokenize
-        return prompts.filler(n, seed), None
-    per = (full - base) / 20
-    n = max(1, int((n_tokens - base) / per))
-    count = None
-    for _ in range(6):
-        text = prompts.filler(n, seed)
-        count = tokenize_count(ctx.http, ctx.target, wrap(text)) or 0
-        if abs(count - n_tokens) <= max(2, per):
+        return prompts.filler(max(1, n_tokens // 12), seed), None
+    per_word = (full - base) / len(probe.split())
+    n_sent = int((n_tokens - base) / per_word / 9 * 1.3) + 3  # ~9 words a sentence
+    words = prompts.filler(n_sent, seed).split()
+
+    def count(k: int) -> int:
+        return tokenize_count(ctx.http, ctx.target, wrap(" ".join(words[:k]))) or 0
+
+    for _ in range(20):  # too few words to pass the target: double them (same seed, same prefix)
+        if count(len(words)) > n_tokens:
             break
-        n = max(1, n + int(round((n_tokens - count) / per)))
-    if count is not None and count > n_tokens:  # never exceed the target (context limits)
-        while n > 1 and count > n_tokens:
-            n -= 1
-            text = prompts.filler(n, seed)
-            count = tokenize_count(ctx.http, ctx.target, wrap(text)) or 0
-    return text, count
+        n_sent *= 2
+        words = prompts.filler(n_sent, seed).split()
+    lo, hi = 0, len(words)  # count(lo) <= n_tokens < count(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if count(mid) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid
+    text = " ".join(words[:lo])
+    return text, count(lo)
 
 
 def followup(ctx: Ctx, section: dict[str, Any]) -> None:
