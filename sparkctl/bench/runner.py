@@ -18,7 +18,7 @@ from typing import Any
 from sparkctl.bench import record as records
 from sparkctl.bench.client import BenchInputError, Target, normalize_url, resolve_model, server_version
 from sparkctl.bench.workloads import COLLECT, FINISH, Config, Ctx, Progress, planned_requests, warmup
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import RuntimeFailure, SparkctlError
 
 
 @dataclass
@@ -237,14 +237,28 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
     stopped_by: BaseException | None = None
     t0 = time.monotonic()
     try:
+        failed: list[str] = []
         for label, overrides in variants:
             variant: dict[str, Any] = {"label": label, "overrides": list(overrides), "workloads": {}}
             rec["variants"].append(variant)
-            with _served(opts, overrides, up_reporter, restart=bool(opts.sweep)) as where:
-                rec["target"]["base_url"] = where["base_url"]
-                rec["server"] = where["server"]
-                _bench_variant(opts, where, variant, save, progress, stop)
+            try:
+                with _served(opts, overrides, up_reporter, restart=bool(opts.sweep)) as where:
+                    rec["target"]["base_url"] = where["base_url"]
+                    rec["server"] = where["server"]
+                    _bench_variant(opts, where, variant, save, progress, stop)
+            except RuntimeFailure as exc:
+                if not opts.sweep:
+                    raise
+                # one variant that does not start (or dies) must not lose the others (sparkrun#257)
+                variant["error"] = str(exc)
+                failed.append(f"{label}: {exc}")
+                progress.note(f"{label} failed: {exc}")
             save()
+        if failed:
+            raise RuntimeFailure(
+                f"{len(failed)} of {len(variants)} sweep variant(s) failed: {'; '.join(failed)}"[:600],
+                hint="the other variants were measured; their logs: sparkctl logs RECIPE",
+            )
         rec["complete"] = True
     except KeyboardInterrupt as exc:
         stop.set()
