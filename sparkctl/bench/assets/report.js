@@ -116,7 +116,7 @@
 
   // Grouped bars: categories on x, one bar per series, optional [lo, hi] whiskers.
   function barChart(container, o) {
-    var W = Math.max(520, 90 + o.categories.length * (18 * o.series.length + 26)), H = 300;
+    var W = Math.max(520, 190 + o.categories.length * Math.max(66, 18 * o.series.length + 26)), H = 300;
     var rows = [["category"].concat(o.series.map(function (s) { return s.name; }))];
     o.categories.forEach(function (c, i) { rows.push([c].concat(o.series.map(function (s) { return s.values[i]; }))); });
     var svg = card(container, o.title, W, H, rows);
