@@ -14,7 +14,6 @@ import platform
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from datetime import UTC, datetime
 from importlib import resources
@@ -111,31 +110,15 @@ def new_record(*, target: dict[str, Any], config: dict[str, Any], server: dict[s
 
 
 def save(record: dict[str, Any], path: Path) -> Path:
-    """Write atomically (temp file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write the record atomically (a reader never sees half of it)."""
+    return write_text(json.dumps(record, indent=1, default=str) + "\n", path)
 
 
 def write_text(text: str, path: Path) -> Path:
+    from sparkctl.atomic import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)
 
 
 def schema() -> dict[str, Any]:

@@ -84,29 +84,28 @@ def _tokenizer_counter(path: str | None) -> Callable[[str], int] | None:
 # -- server life cycle through the existing up/down core -------------------------------------------------
 
 
-def _up(recipe: str, overrides: tuple[str, ...], *, restart: bool, reporter: Any) -> Any:
+def _up(recipe: str, sets: tuple[str, ...], *, restart: bool, reporter: Any) -> Any:
+    from sparkctl.recipe.overrides import Overrides
     from sparkctl.up import UpOptions, run_up
 
-    return run_up(UpOptions(recipe=recipe, overrides=overrides, restart=restart, smoke=False), reporter)
+    opts = UpOptions(recipe=recipe, overrides=Overrides(sets=sets), restart=restart, smoke=False)
+    return run_up(opts, reporter)
 
 
 def _down(recipe_name: str) -> None:
-    from sparkctl.runtimes import state as state_files
-    from sparkctl.up import get_runtime
+    from sparkctl import servers
 
-    st = state_files.load(recipe_name)
-    if st is None:
-        return
-    get_runtime(st.runtime).stop(st)
-    state_files.remove(st.recipe)
+    st = servers.find_state(recipe_name)
+    if st is not None:
+        servers.stop(st)
 
 
 def _running(recipe: str) -> Any:
+    from sparkctl import servers
     from sparkctl.recipe import load_recipe
-    from sparkctl.runtimes import state as state_files
 
-    name = load_recipe(recipe, []).name
-    st = state_files.load(name)
+    name = load_recipe(recipe, []).name  # a typo is the loader's UserError ("did you mean")
+    st = servers.find_state(name)
     if st is None:
         raise BenchInputError(
             f"recipe {name} is not running",

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from sparkctl.commands import output
+from sparkctl.commands.options import json_option, set_option
 from sparkctl.errors import UserError
 
 
@@ -69,11 +71,15 @@ def bench_cmd() -> None:
 @click.option(
     "--api-key", envvar="OPENAI_API_KEY", help="Bearer key for servers that require one [env OPENAI_API_KEY]."
 )
-@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
-@click.option("--up", "bring_up", is_flag=True, help="Start RECIPE first (sparkctl up) and stop it after.")
 @click.option(
-    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Recipe override for --up/--sweep."
+    "--api",
+    type=click.Choice(["chat", "completions"]),
+    default="chat",
+    show_default=True,
+    help="Endpoint: /v1/chat/completions or /v1/completions.",
 )
+@click.option("--up", "bring_up", is_flag=True, help="Start RECIPE first (sparkctl up) and stop it after.")
+@set_option
 @click.option(
     "--sweep", metavar="PATH=V1,V2,...", help="Restart RECIPE per value of a --set path and compare."
 )
@@ -123,7 +129,7 @@ def bench_cmd() -> None:
     "--out", "out_dir", type=click.Path(path_type=Path), help="Output folder [./sparkctl-bench/NAME-TIME]."
 )
 @click.option("--markdown", is_flag=True, help="Print a Markdown table instead of the terminal table.")
-@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON on stdout.")
+@json_option
 @click.option("--no-html", is_flag=True, help="Do not write report.html.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds per request.")
 def run_cmd(**kw: Any) -> None:
@@ -193,7 +199,7 @@ def run_cmd(**kw: Any) -> None:
         model=kw["model"],
         api_key=kw["api_key"],
         api=kw["api"],
-        overrides=kw["overrides"],
+        overrides=kw["sets"],
         up=kw["bring_up"],
         sweep=parse_sweep(kw["sweep"]) if kw["sweep"] else None,
         out_dir=kw["out_dir"],
@@ -233,19 +239,17 @@ def run_cmd(**kw: Any) -> None:
 @bench_cmd.command("compare", short_help="Before -> after across bench records (or llama-benchy JSON).")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--markdown", is_flag=True, help="Print Markdown instead of the terminal table.")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@json_option
 @click.option(
     "--html", "html_out", type=click.Path(path_type=Path), help="Also write an HTML comparison here."
 )
 def compare_cmd(files: tuple[Path, ...], markdown: bool, as_json: bool, html_out: Path | None) -> None:
     """Compare bench records: the first file (or a sweep's first variant) is the baseline."""
-    import json
-
     from sparkctl.bench.compare import compare
 
     result = compare(list(files))
     if as_json:
-        click.echo(json.dumps(result, indent=1))
+        output.json(result)
     else:
         _render_compare(result, markdown=markdown)
     if html_out:
@@ -260,12 +264,7 @@ def compare_cmd(files: tuple[Path, ...], markdown: bool, as_json: bool, html_out
 
 
 def _console(*, stderr: bool) -> Any:
-    from rich.console import Console
-
-    console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal:
-        console = Console(stderr=stderr, highlight=False, width=200, soft_wrap=False)
-    return console
+    return output.console(stderr=stderr)
 
 
 def _up_reporter() -> Any:
@@ -280,10 +279,7 @@ def _up_reporter() -> Any:
 def _recipe_bench_defaults(recipe: str) -> dict[str, Any] | None:
     from sparkctl.recipe import load_recipe
 
-    try:
-        r = load_recipe(recipe, [])
-    except Exception:  # a URL-less unknown recipe is reported by the runner with a better message
-        raise
+    r = load_recipe(recipe, [])  # an unknown name is the loader's one-line UserError
     return r.bench.model_dump() if getattr(r, "bench", None) is not None else None
 
 
@@ -291,23 +287,20 @@ def _render(rec: dict[str, Any], *, markdown: bool, as_json: bool) -> None:
     from sparkctl.bench import tables
 
     if as_json:
-        import json
-
-        click.echo(json.dumps(rec, indent=1, default=str))
+        output.json(rec)
         return
     if markdown:
-        click.echo(tables.markdown(rec), nl=False)
+        output.text(tables.markdown(rec), nl=False)
         return
     from rich.table import Table
 
-    out = _console(stderr=False)
     t = rec.get("target", {})
     table = Table(title=f"sparkctl bench · {t.get('recipe') or t.get('url')} · {t.get('model')}")
     for c in tables.COLUMNS:
         table.add_column(c, justify="left" if c in ("variant", "workload", "case") else "right")
     for r in tables.rows(rec):
         table.add_row(*r)
-    out.print(table)
+    output.table(table)
     g = tables.grid_rows(rec)
     if g:
         gt = Table(title="grid (llama-benchy fields)")
@@ -315,7 +308,7 @@ def _render(rec: dict[str, Any], *, markdown: bool, as_json: bool) -> None:
             gt.add_column(c, justify="left" if c in ("variant", "test") else "right")
         for r in g:
             gt.add_row(*r)
-        out.print(gt)
+        output.table(gt)
 
 
 def _render_compare(result: dict[str, Any], *, markdown: bool) -> None:
@@ -330,10 +323,10 @@ def _render_compare(result: dict[str, Any], *, markdown: bool) -> None:
             cells.append("-" if o["pct"] is None else f"{o['pct']:+.1f}%{mark}")
         body.append(cells)
     if markdown:
-        click.echo("| " + " | ".join(head) + " |")
-        click.echo("|" + "|".join("---" for _ in head) + "|")
+        output.text("| " + " | ".join(head) + " |")
+        output.text("|" + "|".join("---" for _ in head) + "|")
         for c in body:
-            click.echo("| " + " | ".join(c) + " |")
+            output.text("| " + " | ".join(c) + " |")
         return
     from rich.table import Table
 
@@ -342,4 +335,4 @@ def _render_compare(result: dict[str, Any], *, markdown: bool) -> None:
         table.add_column(h, justify="left" if h in ("variant", "workload", "case", "metric") else "right")
     for c in body:
         table.add_row(*c)
-    _console(stderr=False).print(table)
+    output.table(table)
