@@ -20,8 +20,12 @@ def _asset(name: str) -> str:
 
 
 def _json_for_script(data: Any) -> str:
-    # "</" would end the <script> element early; "\u2028" breaks old JS parsers
-    return json.dumps(data, default=str).replace("</", "<\\/").replace("\u2028", "\\u2028")
+    # no "<", ">" or "&" inside the <script> element (none can end it or open a comment); JSON.parse
+    # reads the \u escapes back; "\u2028" breaks old JS parsers
+    text = json.dumps(data, default=str)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028")):
+        text = text.replace(ch, esc)
+    return text
 
 
 def _table(cols: tuple[str, ...], rows: list[list[str]]) -> str:

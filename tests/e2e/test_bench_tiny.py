@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from sparkctl.bench import record as records
+from sparkctl.bench.compare import compare
 from sparkctl.bench.grids import ARENA_V2_SCHEDULE
+from sparkctl.bench.report import render_compare_html
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -131,6 +133,16 @@ def test_html_report_draws_its_charts_in_headless_chromium(full_run, tmp_path):
         assert json.loads(Path(d.value.path()).read_text())["created_at"] == rec["created_at"]
         shot = Path(os.environ.get("SPARKCTL_BENCH_SCREENSHOT", tmp_path / "report.png"))
         page.screenshot(path=str(shot), full_page=True)
+        # the compare page draws before -> after bars from its inlined comparison
+        faster = json.loads(json.dumps(rec))
+        faster["variants"][0]["workloads"]["suite"]["per_category"]["coding"]["decode_tps"]["median"] *= 2
+        (tmp_path / "b.json").write_text(json.dumps(faster))
+        result = compare([out / "bench.json", tmp_path / "b.json"])
+        (tmp_path / "cmp.html").write_text(render_compare_html(result))
+        page.goto((tmp_path / "cmp.html").as_uri())
+        page.wait_for_selector("body[data-charts]")
+        assert int(page.get_attribute("body", "data-charts")) >= 4
+        assert page.locator("svg.bar-chart rect.bar").count() >= 2 * len(result["rows"]) // 2
         browser.close()
     assert errors == []
     assert shot.stat().st_size > 20_000
