@@ -610,7 +610,7 @@ class ContainerSpecModel(Strict):
 
 
 class BenchSpec(Strict):
-    """Defaults for `sparkctl bench` (TTFT = first SSE chunk; decode = (tokens-1)/(wall-TTFT))."""
+    """Defaults for `sparkctl bench` (TTFT = first content/reasoning chunk; decode = (N-1)/(t_last-t_first), N from usage)."""
 
     max_tokens: Annotated[int, Field(default=128, gt=0, description="Completion tokens per request.")]
     warmup: Annotated[int, Field(default=1, ge=0, description="Unmeasured warm-up requests.")]
