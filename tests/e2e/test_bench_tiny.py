@@ -236,6 +236,16 @@ def test_up_on_a_running_recipe_benches_it_and_leaves_it_running(tiny_server, tm
     rec = json.loads((tmp_path / "u" / "bench.json").read_text())
     assert rec["server"]["started_by_bench"] is False
     assert tiny_server.sparkctl("status", "tiny").returncode == 0
+    # the completions endpoint: text chunks, the same definitions
+    res = tiny_server.sparkctl("bench", "tiny", "--api", "completions", "-w", "suite", "--categories", "json",
+                               "--runs", "1", "--max-tokens", "8", "--json", "--no-html", "--out", str(tmp_path / "c"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (sample,) = json.loads(res.stdout)["variants"][0]["workloads"]["suite"]["samples"]
+    assert (
+        sample["ok"]
+        and sample["completion_tokens"] == 8
+        and sample["count_source"] in ("usage", "continuous")
+    )
 
 
 def test_median_ttft_and_output_rate_agree_with_vllm_bench_serve(tiny_server):
