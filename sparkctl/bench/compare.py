@@ -149,3 +149,33 @@ def compare(paths: list[Path]) -> dict[str, Any]:
             row["others"].append({"value": x, "pct": pct, "better": better})
         rows.append(row)
     return {"files": [lab for lab, _ in loaded], "rows": rows}
+
+
+def to_llama_benchy(rec: dict[str, Any], variant: int = 0) -> dict[str, Any] | None:
+    """A grid run in llama-benchy's JSON report shape (one entry per task, context loads marked), so tools
+    that read llama-benchy's reports (sparkrun, the arena's viewers, `bench compare`) read ours too."""
+    v = rec["variants"][variant]
+    g = v.get("workloads", {}).get("grid")
+    if not g or not g.get("tasks"):
+        return None
+    fields = ("pp_throughput", "pp_req_throughput", "tg_throughput", "tg_req_throughput", "peak_throughput",
+              "peak_req_throughput", "ttfr", "est_ppt", "e2e_ttft")  # fmt: skip
+    benchmarks = []
+    for t in g["tasks"]:
+        base = {"concurrency": t["concurrency"], "context_size": t["depth"], "prompt_size": t["pp"],
+                "response_size": t["tg"]}  # fmt: skip
+        if t.get("context"):
+            benchmarks.append(
+                base | {"is_context_prefill_phase": True} | {f: t["context"].get(f) for f in fields}
+            )
+        benchmarks.append(base | {"is_context_prefill_phase": False} | {f: t.get(f) for f in fields})
+    return {
+        "version": f"sparkctl-{rec.get('sparkctl_version')}",
+        "timestamp": rec.get("created_at"),
+        "latency_mode": "generation",
+        "latency_ms": 1000 * (g.get("latency_s") or 0.0),
+        "model": v.get("model") or rec.get("target", {}).get("model") or "",
+        "prefix_caching_enabled": bool((g.get("grid") or {}).get("prefix_caching", True)),
+        "max_concurrency": max(t["concurrency"] for t in g["tasks"]),
+        "benchmarks": benchmarks,
+    }

@@ -219,6 +219,19 @@ def run_cmd(**kw: Any) -> None:
             sys.exit(130)
         raise outcome.stopped_by
     paths = [outcome.json_path]
+    from sparkctl.bench.compare import to_llama_benchy
+
+    for i, v in enumerate(rec["variants"]):
+        lb = to_llama_benchy(rec, i)
+        if lb is not None:  # the grid also in llama-benchy's report format
+            from sparkctl.bench import record as records
+
+            suffix = (
+                ""
+                if len(rec["variants"]) == 1
+                else "-" + "".join(c if c.isalnum() else "_" for c in v["label"])
+            )
+            paths.append(records.save(lb, outcome.json_path.with_name(f"llama-benchy{suffix}.json")))
     if not kw["no_html"]:
         from sparkctl.bench import record as records
         from sparkctl.bench.report import render_html

@@ -184,6 +184,18 @@ def test_compare_reads_our_records_and_llama_benchy_json(full_run, tiny_server, 
     )
     assert tg["others"][0]["value"] == pytest.approx(ours["tg_throughput"]["mean"])
     assert tg["others"][0]["pct"] == pytest.approx(100 * (ours["tg_throughput"]["mean"] - 50) / 50)
+    # our grid is also written in llama-benchy's report format, and reads back as the same numbers
+    lb_ours = json.loads((out / "llama-benchy.json").read_text())
+    assert len([b for b in lb_ours["benchmarks"] if not b["is_context_prefill_phase"]]) == 4
+    assert (
+        len([b for b in lb_ours["benchmarks"] if b["is_context_prefill_phase"]]) == 2
+    )  # the d64 context loads
+    res = tiny_server.sparkctl(
+        "bench", "compare", str(out / "llama-benchy.json"), str(out / "bench.json"), "--json"
+    )
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) >= 4 * 5 and all(r["others"][0]["value"] == pytest.approx(r["base"]) for r in rows)
 
 
 def test_bad_input_is_one_line_exit_2_and_keeps_partial_results(tiny_server, tmp_path):
