@@ -15,7 +15,14 @@ from typing import Any
 from sparkctl.errors import UserError
 from sparkctl.models.generators import GENERATORS
 from sparkctl.models.source import PrepareSteps
-from sparkctl.planner.engines import check_extra_args, check_kv_dtype, llamacpp_argv, vllm_argv
+from sparkctl.planner import engine_bins
+from sparkctl.planner.engines import (
+    check_extra_args,
+    check_kv_dtype,
+    freetoken_argv,
+    llamacpp_argv,
+    vllm_argv,
+)
 from sparkctl.planner.memory import gib, plan_memory
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
 
@@ -89,7 +96,11 @@ def default_entrypoint(recipe: Any) -> list[str]:
     if recipe.engine.entrypoint:
         return list(recipe.engine.entrypoint)
     if recipe.engine.name == "llama.cpp":
-        return ["llama-server"]
+        if recipe.runtime == "docker":
+            return ["llama-server"]  # the image's own
+        return [engine_bins.llama_server_command(recipe.engine.device)]
+    if recipe.engine.name == "freetoken":
+        return ["ft" if recipe.runtime == "docker" else engine_bins.freetoken_command(), "serve"]
     if recipe.runtime == "docker":
         return ["vllm", "serve"]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
@@ -158,7 +169,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             arg_dir = Path(CONTAINER_MODEL_ROOT) / recipe.name
             mounts.append(Mount(source=str(host_dir), target=str(arg_dir), read_only=True))
         model_arg = str(arg_dir)
-        if recipe.engine.name == "llama.cpp":
+        if recipe.model.format == "gguf":
             if host_dir.suffix == ".gguf":
                 gguf_model = {"path": model_arg}
             else:
@@ -192,6 +203,10 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             from sparkctl.prepare.plan import CHAT_TEMPLATE_NAME
 
             argv += ["--chat-template", f"{model_arg}/{CHAT_TEMPLATE_NAME}"]
+    elif recipe.engine.name == "freetoken":
+        if gguf_model.get("path"):
+            model_arg = gguf_model["path"]
+        argv = freetoken_argv(recipe, entrypoint, model_arg)
     else:
         argv = llamacpp_argv(recipe, entrypoint, gguf_model)
 

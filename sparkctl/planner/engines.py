@@ -1,4 +1,4 @@
-"""Engine command lines: vLLM 0.33 flags and llama-server flags from a recipe's serve block.
+"""Engine command lines: vLLM 0.33, llama-server (llama.cpp) and FreeToken flags from a recipe's serve block.
 
 Only flags the engine accepts are produced; flags that were removed upstream are refused here with the
 reason, because vLLM would otherwise exit with `unrecognized arguments` after the image is pulled.
@@ -45,6 +45,12 @@ def check_kv_dtype(recipe: Any) -> list[str]:
     import difflib
 
     dtype = recipe.serve.kv_cache_dtype
+    if recipe.engine.name == "freetoken":
+        if dtype != "auto":
+            raise UserError(
+                f"serve.kv_cache_dtype {dtype!r}: FreeToken picks its KV dtype itself", hint="remove it"
+            )
+        return []
     if recipe.engine.name == "llama.cpp":
         if dtype not in LLAMACPP_KV_DTYPES:
             close = difflib.get_close_matches(dtype, LLAMACPP_KV_DTYPES, n=1)
@@ -190,7 +196,7 @@ def vllm_argv(recipe: Any, entrypoint: list[str], model_arg: str, revision: str 
     return argv
 
 
-# vLLM-only settings a llama.cpp recipe must not carry (they would be silently meaningless)
+# vLLM-only settings a llama.cpp or FreeToken recipe must not carry (they would be silently meaningless)
 _VLLM_ONLY = (
     "gpu_memory_utilization",
     "kv_cache_memory_bytes",
@@ -203,19 +209,35 @@ _VLLM_ONLY = (
     "tool_call_parser",
     "reasoning_parser",
 )
+# ... of which FreeToken has its own spelling
+_FREETOKEN_HAS = ("tool_call_parser", "reasoning_parser")
+
+
+def _refuse_vllm_only(recipe: Any, engine: str, allowed: tuple[str, ...] = ()) -> None:
+    serve = recipe.serve
+    for name in _VLLM_ONLY:
+        if name not in allowed and getattr(serve, name) is not None:
+            raise UserError(f"serve.{name} is a vLLM setting; {engine} has no equivalent", hint="remove it")
+    if recipe.cluster.nodes > 1:
+        raise UserError(f"{recipe.engine.name} recipes run on one Spark (cluster.nodes must be 1)")
+
+
+def llamacpp_ctx_size(recipe: Any) -> int:
+    """llama-server's --ctx-size: the KV total of all slots, so max_model_len for each of max_num_seqs.
+
+    `-c` is not per sequence: with `-np 4 -c 2048` every slot gets 512 tokens. Rendering
+    max_model_len x max_num_seqs keeps the recipe's promise (each sequence up to max_model_len, as in
+    vLLM) and allocates exactly the KV the memory plan counts. With llama_cpp.kv_unified the same
+    total becomes one shared pool, each slot capped at max_model_len by --kv-unified-per-slot.
+    """
+    return recipe.serve.max_model_len * (recipe.serve.max_num_seqs or 1)
 
 
 def llamacpp_argv(recipe: Any, entrypoint: list[str], model: dict[str, str]) -> list[str]:
     """llama-server flags; `model` is {"path": file} or {"hf": "repo:quant"} / {"hf": repo, "file": f}."""
     serve = recipe.serve
     opts = serve.llama_cpp
-    for name in _VLLM_ONLY:
-        if getattr(serve, name) is not None:
-            raise UserError(
-                f"serve.{name} is a vLLM setting; llama-server has no equivalent", hint="remove it"
-            )
-    if recipe.cluster.nodes > 1:
-        raise UserError("llama.cpp recipes run on one Spark (cluster.nodes must be 1)")
+    _refuse_vllm_only(recipe, "llama-server")
     argv = list(entrypoint)
     if "path" in model:
         argv += ["--model", model["path"]]
@@ -225,10 +247,18 @@ def llamacpp_argv(recipe: Any, entrypoint: list[str], model: dict[str, str]) -> 
             argv += ["--hf-file", model["file"]]
     argv += ["--alias", serve.served_model_name or recipe.name]
     argv += ["--host", serve.host, "--port", str(serve.port)]
-    argv += ["--ctx-size", str(serve.max_model_len)]
-    if serve.max_num_seqs is not None:
-        argv += ["--parallel", str(serve.max_num_seqs)]
+    # Explicit -np: left out, llama-server picks 4 slots and a unified KV ("auto"), which is not what
+    # the memory plan counted.
+    argv += ["--ctx-size", str(llamacpp_ctx_size(recipe)), "--parallel", str(serve.max_num_seqs or 1)]
+    if opts.kv_unified:
+        argv += ["--kv-unified", "--kv-unified-per-slot", str(serve.max_model_len)]
     argv += ["--n-gpu-layers", str(opts.n_gpu_layers if recipe.engine.device == "cuda" else 0)]
+    if opts.cpu_moe:
+        argv.append("--cpu-moe")
+    if opts.n_cpu_moe is not None:
+        argv += ["--n-cpu-moe", str(opts.n_cpu_moe)]
+    if opts.override_tensor:
+        argv += ["--override-tensor", ",".join(opts.override_tensor)]
     argv += ["--flash-attn", "on" if opts.flash_attn else "off"]
     if serve.kv_cache_dtype != "auto":
         argv += ["--cache-type-k", serve.kv_cache_dtype, "--cache-type-v", serve.kv_cache_dtype]
@@ -239,9 +269,57 @@ def llamacpp_argv(recipe: Any, entrypoint: list[str], model: dict[str, str]) -> 
         argv += ["--ubatch-size", str(opts.ubatch_size)]
     if opts.threads:
         argv += ["--threads", str(opts.threads)]
+    if opts.load_mode:
+        argv += ["--load-mode", opts.load_mode]
+    spec = opts.speculative
+    if spec is not None:
+        argv += ["--spec-type", spec.type]
+        if spec.draft_model:
+            argv += ["--spec-draft-model", spec.draft_model]
+        if spec.draft_max is not None:
+            argv += ["--spec-draft-n-max", str(spec.draft_max)]
+        if spec.draft_min is not None:
+            argv += ["--spec-draft-n-min", str(spec.draft_min)]
+    if opts.metrics:
+        argv.append("--metrics")
     if opts.jinja:
         argv.append("--jinja")
     if serve.chat_template:
         argv += ["--chat-template-file", serve.chat_template]
+    argv += serve.extra_args
+    return argv
+
+
+def freetoken_argv(recipe: Any, entrypoint: list[str], model_arg: str) -> list[str]:
+    """`ft serve` flags (FreeToken 0.2's CLI); `model_arg` is a local dir, a .gguf file or a hub repo id."""
+    serve = recipe.serve
+    opts = serve.freetoken
+    _refuse_vllm_only(recipe, "FreeToken", allowed=_FREETOKEN_HAS)
+    argv = list(entrypoint)
+    argv += ["--model-path", model_arg]
+    argv += ["--served-model-name", serve.served_model_name or recipe.name]
+    argv += ["--host", serve.host, "--port", str(serve.port)]
+    argv += ["--max-seq-len-override", str(serve.max_model_len)]
+    if serve.max_num_seqs is not None:
+        argv += ["--max-running-requests", str(serve.max_num_seqs)]
+    if serve.dtype:
+        argv += ["--dtype", serve.dtype]
+    argv += ["--moe-strategy", opts.moe_strategy]
+    if opts.moe_cache_mem:
+        argv += ["--moe-cache-mem", opts.moe_cache_mem.replace(" ", "")]
+    if opts.moe_cache_rate is not None:
+        argv += ["--moe-cache-rate", f"{opts.moe_cache_rate:g}"]
+    if opts.moe_cpu_threads is not None:
+        argv += ["--moe-cpu-threads", str(opts.moe_cpu_threads)]
+    if opts.memory_ratio is not None:
+        argv += ["--memory-ratio", f"{opts.memory_ratio:g}"]
+    if opts.cuda_graph_max_bs is not None:
+        argv += ["--cuda-graph-max-bs", str(opts.cuda_graph_max_bs)]
+    if opts.cache_type:
+        argv += ["--cache-type", opts.cache_type]
+    if serve.tool_call_parser:
+        argv += ["--tool-call-parser", serve.tool_call_parser]
+    if serve.reasoning_parser:
+        argv += ["--reasoning-parser", serve.reasoning_parser]
     argv += serve.extra_args
     return argv

@@ -225,14 +225,15 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
         notes.append(f"kv geometry from the model's config.json: {per_token:,} B/token")
     need_tokens = serve.max_model_len
 
-    if recipe.engine.name == "llama.cpp":
-        # llama-server allocates the whole -c context up front (shared by its -np slots)
+    if recipe.engine.name in ("llama.cpp", "freetoken"):
+        # llama-server allocates the whole -c context up front: max_model_len for each of its -np slots;
+        # FreeToken sizes its KV from free memory, counted here as the same max_model_len per sequence
+        need_tokens = serve.max_model_len * (serve.max_num_seqs or 1)
         kv = need_tokens * per_token
         budget = weights + kv + overhead
         if per_token:
-            notes.append(
-                f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by llama-server"
-            )
+            who = "llama-server" if recipe.engine.name == "llama.cpp" else "FreeToken (at least)"
+            notes.append(f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by {who}")
     elif serve.kv_cache_memory_bytes is not None:
         kv = serve.kv_cache_memory_bytes
         budget = weights + kv + overhead
@@ -265,7 +266,7 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
     if per_token == 0:
         notes.append("kv bytes per token unknown (model.kv not set): context capacity not checked")
 
-    if kv <= 0 and not (recipe.engine.name == "llama.cpp" and per_token == 0):
+    if kv <= 0 and not (recipe.engine.name in ("llama.cpp", "freetoken") and per_token == 0):
         problems.append(
             f"no room for a KV cache: weights {gib(weights)} + overhead {gib(overhead)} exceed the "
             f"engine budget {gib(budget)}"
@@ -283,9 +284,9 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
             f"CPU side (recipe asks for {gib(mem.min_free_bytes)})"
         )
     if per_token and kv > 0 and max_tokens >= need_tokens:
-        seqs = max_tokens // need_tokens
+        seqs = max_tokens // serve.max_model_len
         notes.append(
-            f"kv cache holds {max_tokens:,} tokens = {seqs} full-length sequence(s) of {need_tokens:,}"
+            f"kv cache holds {max_tokens:,} tokens = {seqs} full-length sequence(s) of {serve.max_model_len:,}"
         )
 
     plan = MemoryPlan(

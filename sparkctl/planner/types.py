@@ -65,7 +65,7 @@ class Plan:
     recipe_name: str
     recipe_hash: str  # sha256 of the resolved recipe; carried as a container label / in state files
     runtime: Literal["docker", "native"]
-    engine: Literal["vllm", "llama.cpp"]
+    engine: Literal["vllm", "llama.cpp", "freetoken"]
     argv: tuple[str, ...]  # the full engine command line, model argument included
     env: dict[str, str]
     host: str

@@ -19,6 +19,8 @@ BLOCKS = [
     ("serve", "ServeSpec"),
     ("serve.speculative", "Speculative"),
     ("serve.llama_cpp", "LlamaCppOptions"),
+    ("serve.llama_cpp.speculative", "LlamaCppSpeculative"),
+    ("serve.freetoken", "FreeTokenOptions"),
     ("load", "LoadSpec"),
     ("memory", "MemorySpec"),
     ("cluster", "ClusterSpec"),

@@ -220,7 +220,12 @@ class EngineSpec(Strict):
     """Which inference engine serves the model, and the versions it was validated with."""
 
     name: Annotated[
-        Literal["vllm", "llama.cpp"], Field(default="vllm", description="vllm or llama.cpp (llama-server).")
+        Literal["vllm", "llama.cpp", "freetoken"],
+        Field(
+            default="vllm",
+            description="vllm, llama.cpp (llama-server) or freetoken (FreeToken's `ft serve`: MoE experts "
+            "offloaded to host RAM; NVIDIA GPUs only).",
+        ),
     ]
     version: Annotated[
         str | None,
@@ -239,7 +244,9 @@ class EngineSpec(Strict):
         Field(
             default=None,
             description="Command prefix before the engine flags. Default: `vllm serve` in a container, "
-            "`<python> -m vllm.entrypoints.openai.api_server` natively, `llama-server` for llama.cpp.",
+            "`<python> -m vllm.entrypoints.openai.api_server` natively, sparkctl's own `llama-server` build "
+            "(`make llama-server`) or the one on PATH for llama.cpp, FreeToken's venv (`make freetoken`) "
+            "or `ft` on PATH for freetoken.",
         ),
     ]
     pins: Annotated[
@@ -280,6 +287,50 @@ class Speculative(Strict):
     ]
 
 
+LLAMACPP_LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
+LLAMACPP_SPEC_TYPES = (
+    "draft-simple",
+    "draft-eagle3",
+    "draft-mtp",
+    "draft-dflash",
+    "draft-dspark",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-cache",
+)
+
+
+class LlamaCppSpeculative(Strict):
+    """llama-server speculative decoding (--spec-type ...); vLLM recipes use serve.speculative instead."""
+
+    type: Annotated[
+        Literal[LLAMACPP_SPEC_TYPES],  # type: ignore[valid-type]
+        Field(
+            description="--spec-type: draft-mtp drafts with the model's own multi-token-prediction head (the "
+            "GGUF must carry it, or draft_model names the MTP sidecar); draft-simple with a small draft "
+            "model; ngram-* need no second model."
+        ),
+    ]
+    draft_model: Annotated[
+        str | None,
+        Field(default=None, description="--spec-draft-model: the draft (or MTP sidecar) GGUF file."),
+    ]
+    draft_max: Annotated[
+        int | None, Field(default=None, gt=0, le=64, description="--spec-draft-n-max: tokens drafted per step.")
+    ]
+    draft_min: Annotated[
+        int | None, Field(default=None, ge=0, le=64, description="--spec-draft-n-min: fewest tokens drafted.")
+    ]
+
+    @model_validator(mode="after")
+    def _range(self) -> LlamaCppSpeculative:
+        if self.draft_max is not None and self.draft_min is not None and self.draft_min > self.draft_max:
+            raise ValueError(f"draft_min ({self.draft_min}) must be <= draft_max ({self.draft_max})")
+        return self
+
+
 class LlamaCppOptions(Strict):
     """llama-server options without a vLLM counterpart."""
 
@@ -291,6 +342,122 @@ class LlamaCppOptions(Strict):
     jinja: Annotated[
         bool, Field(default=True, description="Use the model's Jinja chat template (needed for tool calls).")
     ]
+    kv_unified: Annotated[
+        bool,
+        Field(
+            default=False,
+            description="One KV pool shared by all slots (--kv-unified, each slot capped at max_model_len by "
+            "--kv-unified-per-slot) instead of max_num_seqs separate max_model_len streams. Same memory; "
+            "shared prefixes are reused across slots, but every decode step attends over the whole pool.",
+        ),
+    ]
+    cpu_moe: Annotated[
+        bool,
+        Field(default=False, description="Keep every layer's MoE expert weights in host RAM (--cpu-moe)."),
+    ]
+    n_cpu_moe: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=0,
+            description="Keep the expert weights of the first N layers in host RAM (--n-cpu-moe N); the rest "
+            "follow n_gpu_layers. The knob that fits a big MoE next to its KV cache.",
+        ),
+    ]
+    override_tensor: Annotated[
+        list[str],
+        Field(
+            default_factory=list,
+            description="Tensor placement rules, `<name regex>=<buffer type>` (e.g. `blk\\.[0-9]\\.ffn_.*_exps=CPU`), "
+            "joined into one --override-tensor in order; the first match wins.",
+        ),
+    ]
+    load_mode: Annotated[
+        Literal[LLAMACPP_LOAD_MODES] | None,  # type: ignore[valid-type]
+        Field(
+            default=None,
+            description="How weights are read (--load-mode): auto (mmap unless a device cannot), none, mmap, "
+            "mlock, mmap+mlock, dio (direct I/O: no page-cache copy, which unified memory would otherwise "
+            "count twice).",
+        ),
+    ]
+    metrics: Annotated[
+        bool, Field(default=False, description="Serve Prometheus metrics at /metrics (--metrics).")
+    ]
+    speculative: Annotated[
+        LlamaCppSpeculative | None,
+        Field(default=None, description="Speculative decoding with llama-server's own drafters (MTP, ...)."),
+    ]
+
+    @field_validator("override_tensor")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        for rule in value:
+            pattern, sep, buft = rule.rpartition("=")
+            if not sep or not pattern or not buft or "," in rule:
+                raise ValueError(f"override_tensor rule {rule!r} must be one `<tensor name regex>=<buffer type>`")
+        return value
+
+    @model_validator(mode="after")
+    def _moe(self) -> LlamaCppOptions:
+        if self.cpu_moe and self.n_cpu_moe is not None:
+            raise ValueError("set cpu_moe (all layers) or n_cpu_moe (the first N layers), not both")
+        return self
+
+
+FREETOKEN_MOE_STRATEGIES = ("auto", "fused", "offload", "cpu", "hybrid")
+
+
+class FreeTokenOptions(Strict):
+    """FreeToken (`ft serve`) options without a vLLM counterpart; names follow its CLI."""
+
+    moe_strategy: Annotated[
+        Literal[FREETOKEN_MOE_STRATEGIES],  # type: ignore[valid-type]
+        Field(
+            default="auto",
+            description="--moe-strategy: where routed experts run. auto = resident `fused` experts on "
+            "unified-memory GPUs (GB10), `offload` (experts in host RAM, an LRU slot cache on the GPU) "
+            "elsewhere; cpu and hybrid run some experts on the CPU.",
+        ),
+    ]
+    moe_cache_mem: Annotated[
+        str | None,
+        Field(
+            default=None,
+            pattern=r"^\d+(\.\d+)?\s*([KkMmGg](i?[Bb])?|[Bb])$",
+            description="--moe-cache-mem: GPU memory for the expert slot cache (e.g. 6GiB, 800MiB).",
+        ),
+    ]
+    moe_cache_rate: Annotated[
+        float | None,
+        Field(default=None, ge=0, le=1, description="--moe-cache-rate: fraction of all experts kept on the GPU."),
+    ]
+    moe_cpu_threads: Annotated[
+        int | None,
+        Field(default=None, ge=0, description="--moe-cpu-threads for the cpu/hybrid strategies (0 = auto)."),
+    ]
+    memory_ratio: Annotated[
+        float | None,
+        Field(
+            default=None,
+            gt=0,
+            le=1,
+            description="--memory-ratio: fraction of free GPU memory for weights + expert cache + KV.",
+        ),
+    ]
+    cuda_graph_max_bs: Annotated[
+        int | None, Field(default=None, gt=0, description="--cuda-graph-max-bs (unset: tuned from memory).")
+    ]
+    cache_type: Annotated[
+        Literal["naive", "radix"] | None,
+        Field(default=None, description="--cache-type: KV prefix reuse (radix) or none (naive)."),
+    ]
+
+    @model_validator(mode="after")
+    def _one_cache_size(self) -> FreeTokenOptions:
+        if self.moe_cache_mem is not None and self.moe_cache_rate is not None:
+            raise ValueError("set moe_cache_mem or moe_cache_rate, not both (FreeToken takes one)")
+        return self
 
 
 class ServeSpec(Strict):
@@ -401,6 +568,10 @@ class ServeSpec(Strict):
     llama_cpp: Annotated[
         LlamaCppOptions,
         Field(default_factory=LlamaCppOptions, description="llama-server options (llama.cpp recipes only)."),
+    ]
+    freetoken: Annotated[
+        FreeTokenOptions,
+        Field(default_factory=FreeTokenOptions, description="FreeToken options (freetoken recipes only)."),
     ]
 
     @model_validator(mode="after")
@@ -686,13 +857,17 @@ class Recipe(Strict):
         if self.engine.name == "llama.cpp" and self.model.format != "gguf":
             raise ValueError(f"engine llama.cpp serves gguf models, not {self.model.format}")
         if self.engine.name == "vllm" and self.model.format == "gguf":
-            raise ValueError("gguf models are served with engine.name: llama.cpp")
+            raise ValueError("gguf models are served with engine.name: llama.cpp or freetoken")
         if self.model.prepare is not None and self.engine.name != "vllm":
             raise ValueError(
-                "model.prepare makes packs loadable by vLLM; llama.cpp serves GGUF files as they are"
+                "model.prepare makes packs loadable by vLLM; llama.cpp and FreeToken serve GGUF files as they are"
             )
         if self.model.prepare and self.model.prepare.chat_template and self.serve.chat_template:
             raise ValueError("set model.prepare.chat_template or serve.chat_template, not both")
+        if self.engine.name == "freetoken" and self.model.format == "exl3":
+            raise ValueError("engine freetoken serves gguf and safetensors models, not exl3")
+        if self.engine.name == "freetoken" and self.engine.device != "cuda":
+            raise ValueError("engine freetoken runs on NVIDIA GPUs only (engine.device: cuda)")
         if self.engine.device == "cpu" and self.cluster.nodes > 1:
             raise ValueError("engine.device cpu runs on one node")
         return self
