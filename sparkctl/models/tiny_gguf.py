@@ -162,7 +162,11 @@ def _vocab(tokenizer_dir: Path) -> dict[str, Any]:
     n = max(by_id) + 1
     tokens = [by_id.get(i, f"[PAD{i}]") for i in range(n)]
     types = [
-        gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL if i in by_id else gguf.TokenType.UNUSED
+        gguf.TokenType.CONTROL
+        if i in specials
+        else gguf.TokenType.NORMAL
+        if i in by_id
+        else gguf.TokenType.UNUSED
         for i in range(n)
     ]
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]

@@ -318,7 +318,8 @@ class LlamaCppSpeculative(Strict):
         Field(default=None, description="--spec-draft-model: the draft (or MTP sidecar) GGUF file."),
     ]
     draft_max: Annotated[
-        int | None, Field(default=None, gt=0, le=64, description="--spec-draft-n-max: tokens drafted per step.")
+        int | None,
+        Field(default=None, gt=0, le=64, description="--spec-draft-n-max: tokens drafted per step."),
     ]
     draft_min: Annotated[
         int | None, Field(default=None, ge=0, le=64, description="--spec-draft-n-min: fewest tokens drafted.")
@@ -395,7 +396,9 @@ class LlamaCppOptions(Strict):
         for rule in value:
             pattern, sep, buft = rule.rpartition("=")
             if not sep or not pattern or not buft or "," in rule:
-                raise ValueError(f"override_tensor rule {rule!r} must be one `<tensor name regex>=<buffer type>`")
+                raise ValueError(
+                    f"override_tensor rule {rule!r} must be one `<tensor name regex>=<buffer type>`"
+                )
         return value
 
     @model_validator(mode="after")
@@ -430,7 +433,9 @@ class FreeTokenOptions(Strict):
     ]
     moe_cache_rate: Annotated[
         float | None,
-        Field(default=None, ge=0, le=1, description="--moe-cache-rate: fraction of all experts kept on the GPU."),
+        Field(
+            default=None, ge=0, le=1, description="--moe-cache-rate: fraction of all experts kept on the GPU."
+        ),
     ]
     moe_cpu_threads: Annotated[
         int | None,
