@@ -110,6 +110,8 @@ def doctor_checks_for(plan: Plan) -> list[str]:
         names.append("nvidia-runtime")
     if needs.token:
         names.append("hf-token")
+    if needs.engine in ("llama.cpp", "freetoken") and plan.runtime == "native":
+        names.append(needs.engine)  # the binary/venv sparkctl installs, its build, CUDA where needed
     return names
 
 

@@ -29,6 +29,9 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 def _fixed_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", "/home/user")
     monkeypatch.setenv("SPARKCTL_CACHE_DIR", "/cache/sparkctl")
+    # the engines sparkctl builds (llama-server, FreeToken's venv) are looked up under $HOME's cache
+    for var in ("XDG_CACHE_HOME", "SPARKCTL_ENGINES_DIR", "SPARKCTL_LLAMA_SERVER", "SPARKCTL_FREETOKEN"):
+        monkeypatch.delenv(var, raising=False)
 
 
 def normalise(text: str) -> str:
