@@ -40,8 +40,15 @@ def require_executable(plan: Plan) -> None:
     if plan.argv and shutil.which(plan.argv[0]) is None:
         raise RuntimeFailure(
             f"cannot start {plan.recipe_name}: executable {plan.argv[0]!r} not found",
-            hint="install the engine (for vLLM on the CPU: make install-vllm) or set engine.entrypoint",
+            hint=_INSTALL_HINTS.get(plan.engine, _INSTALL_HINTS["vllm"]) + " or set engine.entrypoint",
         )
+
+
+_INSTALL_HINTS = {
+    "vllm": "install the engine (for vLLM on the CPU: make install-vllm)",
+    "llama.cpp": "build the pinned llama-server: make llama-server",
+    "freetoken": "install FreeToken into its venv: make freetoken",
+}
 
 
 class NativeRuntime:

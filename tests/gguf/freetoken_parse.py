@@ -1,7 +1,9 @@
-"""Run by FreeToken's own venv Python: parse `ft serve` arguments with FreeToken's real parser, print JSON.
+"""Run by FreeToken's own venv Python: parse `ft serve` argument lists with FreeToken's real parser.
 
-Kept free of sparkctl imports (that venv does not have sparkctl); tests/gguf/test_freetoken_parser.py
-passes the arguments the planner rendered and compares the parsed values with the recipe.
+Reads a JSON list of argument lists on stdin and prints one JSON list of results: the parsed values, or
+{"exit": code} where the parser refused (its message is on stderr). One process for all of them, as
+importing FreeToken (torch, its kernels) costs tens of seconds on 2 cores. Kept free of sparkctl imports
+(that venv has none); tests/gguf/test_freetoken_parser.py compares the values with the recipes.
 """
 
 import json
@@ -9,8 +11,7 @@ import sys
 
 from freetoken.server.args import parse_args
 
-args, _shell = parse_args(sys.argv[1:], prog="ft serve")
-fields = (
+FIELDS = (
     "model_path",
     "served_model_name",
     "server_host",
@@ -27,6 +28,15 @@ fields = (
     "tool_call_parser",
     "reasoning_parser",
 )
-out = {f: getattr(args, f, "<missing>") for f in fields}
-out["dtype"] = str(args.dtype).removeprefix("torch.")
-json.dump(out, sys.stdout, default=str)
+
+results = []
+for argv in json.load(sys.stdin):
+    try:
+        args, _shell = parse_args(argv, prog="ft serve")
+    except SystemExit as exc:
+        results.append({"exit": exc.code})
+        continue
+    out = {f: getattr(args, f, "<missing>") for f in FIELDS}
+    out["dtype"] = str(args.dtype).removeprefix("torch.")
+    results.append(out)
+print(json.dumps(results, default=str))

@@ -33,27 +33,43 @@ EVERYTHING = (
 VARIANTS = [(n, ()) for n in FT_RECIPES] + [(n, EVERYTHING) for n in FT_RECIPES]
 
 
+BAD = ["--model-path", "x", "--max-num-seqs", "4"]  # vLLM's spelling: FreeToken must refuse it
+
+
+def rendered(name: str, sets: tuple[str, ...]) -> list[str]:
+    return list(plan(load_recipe(name, sets), check_memory=False).argv)
+
+
+@pytest.fixture(scope="module")
+def parsed(freetoken_python: Path) -> tuple[list[dict], str]:
+    """Every variant's arguments (and BAD) through FreeToken's parser, in one FreeToken process."""
+    argvs = [rendered(n, s)[2:] for n, s in VARIANTS] + [BAD]
+    out = subprocess.run(
+        [str(freetoken_python), str(HERE / "freetoken_parse.py")],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(results) == len(argvs)
+    return results, out.stderr
+
+
 def test_there_is_a_freetoken_recipe() -> None:
     assert FT_RECIPES
 
 
-@pytest.mark.parametrize(("name", "sets"), VARIANTS, ids=[f"{n}{'+all' if s else ''}" for n, s in VARIANTS])
-def test_freetoken_parses_the_rendered_command(
-    freetoken_python: Path, name: str, sets: tuple[str, ...]
-) -> None:
+@pytest.mark.parametrize("i", range(len(VARIANTS)), ids=[f"{n}{'+all' if s else ''}" for n, s in VARIANTS])
+def test_freetoken_parses_the_rendered_command(parsed: tuple[list[dict], str], i: int) -> None:
+    name, sets = VARIANTS[i]
     recipe = load_recipe(name, sets)
-    argv = list(plan(recipe, check_memory=False).argv)
+    argv = rendered(name, sets)
     assert Path(argv[0]).name == "ft" and argv[1] == "serve"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run(
-        [str(freetoken_python), str(HERE / "freetoken_parse.py"), *argv[2:]],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    ns = json.loads(out.stdout.strip().splitlines()[-1])
+    ns = parsed[0][i]
+    assert "exit" not in ns, parsed[1][-3000:]
     s, ft = recipe.serve, recipe.serve.freetoken
     assert ns["model_path"] == recipe.model.repo
     assert ns["served_model_name"] == (s.served_model_name or recipe.name)
@@ -78,13 +94,7 @@ def test_freetoken_parses_the_rendered_command(
         assert ns["reasoning_parser"] == s.reasoning_parser
 
 
-def test_a_wrong_flag_is_caught_by_the_same_parser(freetoken_python: Path) -> None:
+def test_a_wrong_flag_is_caught_by_the_same_parser(parsed: tuple[list[dict], str]) -> None:
     """The check above can fail: FreeToken's parser rejects what it does not know."""
-    out = subprocess.run(
-        [str(freetoken_python), str(HERE / "freetoken_parse.py"), "--model-path", "x", "--max-num-seqs", "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert out.returncode == 2 and "unrecognized arguments: --max-num-seqs" in out.stderr
+    assert parsed[0][-1] == {"exit": 2}
+    assert "unrecognized arguments: --max-num-seqs" in parsed[1]
