@@ -87,7 +87,8 @@ class LlamaServerInfo:
     error: str | None = None
 
 
-_VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+|unknown)\)")
+# "version: 0.6.0-dev (build 11434, commit 515e85511)"; older builds: "version: 4589 (a1b2c3d)"
+_VERSION = re.compile(r"\(build (\d+), commit (\w+)\)|version:\s*(\d+)\s*\((\w+)\)")
 _BUILT = re.compile(r"built with (.+)")
 
 
@@ -112,8 +113,8 @@ def probe_llama_server(command: str, timeout: float = 5.0) -> LlamaServerInfo:
     built = _BUILT.search(text)
     return LlamaServerInfo(
         path,
-        build=int(m.group(1)),
-        commit=m.group(2),
+        build=int(m.group(1) or m.group(3)),
+        commit=m.group(2) or m.group(4),
         compiler=built.group(1).strip() if built else None,
         cuda=_has_cuda_backend(Path(path)),
     )
