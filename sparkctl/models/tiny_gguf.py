@@ -193,10 +193,10 @@ def _writer(path: Path, arch: str, name: str) -> Any:
 
 
 def _add_tokenizer(writer: Any, vocab: dict[str, Any]) -> None:
-    # "gpt2" + pre "gpt2": byte-level BPE split by GPT-2's regex, which is what the `tokenizers`
+    # model "gpt2" + pre "gpt-2": byte-level BPE split by GPT-2's regex, which is what the `tokenizers`
     # ByteLevel pre-tokenizer the tiny tokenizer was trained with does.
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(vocab["tokens"])
     writer.add_token_types(vocab["types"])
     writer.add_token_merges(vocab["merges"])
