@@ -143,7 +143,9 @@ def test_moe_experts_were_placed_by_the_recipes_rules(server: GgufServer) -> Non
     assert "--n-cpu-moe 1" in cmd and "--override-tensor" in cmd
     placed = set(re.findall(r"tensor (\S+) \(\d+ MiB \w+\) buffer type overridden to CPU", log))
     # layer 0 by --n-cpu-moe 1, layer 1 by the override_tensor rule; nothing else (attention stays put)
-    assert placed == {f"blk.{i}.ffn_{k}_exps.weight" for i in (0, 1) for k in ("gate", "up", "down")}, log[-3000:]
+    assert placed == {f"blk.{i}.ffn_{k}_exps.weight" for i in (0, 1) for k in ("gate", "up", "down")}, log[
+        -3000:
+    ]
 
 
 def test_down_leaves_nothing_behind(server: GgufServer) -> None:

@@ -116,4 +116,6 @@ def test_llama_servers_parser_takes_the_command(
     log = out.stdout + out.stderr
     assert "invalid argument" not in log and "error while handling" not in log, log[-2000:]
     assert out.returncode != 0  # the model does not exist ...
-    assert f"failed to open GGUF file '{missing}'" in log, log[-2000:]  # ... that, not an argument, stopped it
+    assert f"failed to open GGUF file '{missing}'" in log, log[
+        -2000:
+    ]  # ... that, not an argument, stopped it

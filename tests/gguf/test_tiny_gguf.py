@@ -7,12 +7,11 @@ import hashlib
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-
-from sparkctl.models import tiny, tiny_gguf  # noqa: E402
+from sparkctl.models import tiny, tiny_gguf
 
 
 @pytest.fixture(scope="module")
