@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=cdf12aec3e9f96efb28bd6df5da63f915eae761fc0177c4018c5eaa0d83dfcfe \
+  --label io.sparkctl.recipe-hash=3f5b25277623f8b5f05bbd75559922f111bd3c90fcdabcde9c23758448cba5e9 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash \
