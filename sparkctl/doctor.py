@@ -692,7 +692,12 @@ def run_checks(
     if only is None and not needs.token:
         wanted.remove("hf-token")
     if only is None and needs.recipe:
-        wanted = [n for n in wanted if n not in ENGINE_CHECKS or ENGINE_CHECKS[n] == needs.engine]
+        # a docker recipe runs the image's engine, not the one installed here
+        wanted = [
+            n
+            for n in wanted
+            if n not in ENGINE_CHECKS or (ENGINE_CHECKS[n] == needs.engine and not needs.docker)
+        ]
     skip_docker = bool(needs.recipe) and not needs.docker
 
     probes: dict[str, Callable[[], object]] = {}

@@ -65,6 +65,10 @@ def test_engine_checks_only_for_their_recipes() -> None:
     assert "llama.cpp" in names and "freetoken" not in names
     names = [c.name for c in doctor.run_checks(plan(load_recipe("tiny"), check_memory=False))]
     assert "llama.cpp" not in names and "freetoken" not in names
+    # in a container the image's llama-server runs, not the one built here
+    docker = load_recipe("tiny-gguf", ("runtime=docker", "container.image=local/llama:cpu"))
+    names = [c.name for c in doctor.run_checks(plan(docker, check_memory=False), only=None)]
+    assert "llama.cpp" not in names
 
 
 def test_probe_the_installed_llama_server(llama_server: Path) -> None:
