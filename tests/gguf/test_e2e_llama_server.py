@@ -1,5 +1,5 @@
 """End to end with the real llama-server on the CPU: `up tiny-gguf` and `up tiny-gguf-moe` -> status ->
-chat (streamed, plain and through the CLI) -> /metrics -> logs -> down -> nothing left.
+chat (streamed, plain and through the CLI) -> /metrics -> logs -> bench -> down -> nothing left.
 
 Each recipe's GGUF is generated on first use (sparkctl/models/tiny_gguf.py) and served by the pinned
 llama-server build (`make llama-server`); a start takes about a second, so each recipe gets its own
@@ -146,6 +146,20 @@ def test_moe_experts_were_placed_by_the_recipes_rules(server: GgufServer) -> Non
     assert placed == {f"blk.{i}.ffn_{k}_exps.weight" for i in (0, 1) for k in ("gate", "up", "down")}, log[
         -3000:
     ]
+
+
+def test_bench_measures_it(server: GgufServer, tmp_path: Path) -> None:
+    """`sparkctl bench` against the running llama-server: one suite prompt, a real streamed record."""
+    out = tmp_path / "bench"
+    res = server.sparkctl(
+        "bench", "run", server.recipe, "-w", "suite", "--categories", "coding", "--runs", "1",
+        "--warmup", "0", "--max-tokens", "16", "--no-html", "--out", str(out), timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    record = json.loads((out / "bench.json").read_text())
+    assert record["complete"] and record["target"]["recipe"] == server.recipe
+    (sample,) = record["variants"][0]["workloads"]["suite"]["samples"]
+    assert sample["ok"] and sample["completion_tokens"] == 16 and sample["ttft_s"] > 0
 
 
 def test_down_leaves_nothing_behind(server: GgufServer) -> None:
