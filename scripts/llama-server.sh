@@ -17,6 +17,10 @@ CUDA_ARCHS="${LLAMA_CUDA_ARCHS:-121}"
 JOBS="${LLAMA_BUILD_JOBS:-$(nproc)}"
 PYTHON="${PYTHON:-python3}"
 ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/sparkctl/llama.cpp"
+if [[ "$BACKEND" != cpu && "$BACKEND" != cuda ]]; then
+    echo "llama-server: LLAMA_BACKEND must be cpu or cuda, not '$BACKEND'" >&2
+    exit 2
+fi
 KEY="b$BUILD-$BACKEND"
 [[ "$BACKEND" == cuda ]] && KEY="$KEY-sm$CUDA_ARCHS"
 DEST="$ROOT/$KEY"
@@ -53,9 +57,6 @@ args=(
 )
 if [[ "$BACKEND" == cuda ]]; then
     args+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS")
-elif [[ "$BACKEND" != cpu ]]; then
-    echo "llama-server: LLAMA_BACKEND must be cpu or cuda, not '$BACKEND'" >&2
-    exit 2
 fi
 cmake -S "$SRC" -B "$WORK/build" "${args[@]}" >"$WORK/configure.log" 2>&1 \
     || { tail -30 "$WORK/configure.log" >&2; exit 1; }
