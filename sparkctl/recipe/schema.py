@@ -53,6 +53,7 @@ def _check_path_text(value: str, what: str) -> str:
         raise ValueError(f"{what} {value!r} must be a path without ':', ',' or control characters")
     return value
 
+
 Scalar = str | int | float | bool
 
 
