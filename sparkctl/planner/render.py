@@ -28,8 +28,9 @@ _ULIMIT_NAME = re.compile(r"[a-z]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 # bash reserved words: as the first word of a command they are syntax, not a program name
 _RESERVED = frozenset(
-    ["!", "[[", "]]", "{", "}", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function", "if", "in", "select", "then", "time", "until", "while"]
-)
+    ("!", "[[", "]]", "{", "}", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for",
+     "function", "if", "in", "select", "then", "time", "until", "while")
+)  # fmt: skip
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
