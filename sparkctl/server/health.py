@@ -18,7 +18,8 @@ from sparkctl.errors import RuntimeFailure
 from sparkctl.server import client
 from sparkctl.server.diagnose import hint_for
 
-LOG_TAIL_LINES = 50
+LOG_TAIL_LINES = 50  # shown to the user
+DIAGNOSE_LINES = 200_000  # scanned for a known cause: the root cause is rarely in the last 50
 
 
 class StartupFailed(RuntimeFailure):
@@ -69,11 +70,12 @@ def wait_healthy(
             elapsed = time.monotonic() - t0
             detail = exit_detail()
             if detail is not None:
-                tail = last_lines(LOG_TAIL_LINES)
+                log = last_lines(DIAGNOSE_LINES)
+                tail = log[-LOG_TAIL_LINES:]
                 raise ServerExited(
                     f"{label} stopped during start-up after {elapsed:.0f}s: {detail}",
                     hint=hint_for(
-                        tail, fallback=f"the log lines above say why; all of them: sparkctl logs {label}"
+                        log, fallback=f"the log lines above say why; all of them: sparkctl logs {label}"
                     ),
                     log_tail=tail,
                 )
@@ -86,7 +88,8 @@ def wait_healthy(
                 if model in seen_models:
                     return time.monotonic() - t0
             if elapsed >= timeout_s:
-                tail = last_lines(LOG_TAIL_LINES)
+                log = last_lines(DIAGNOSE_LINES)
+                tail = log[-LOG_TAIL_LINES:]
                 if seen_models:
                     what = f"it serves {', '.join(seen_models)}, not {model}"
                 elif phase == "loading":
@@ -96,7 +99,7 @@ def wait_healthy(
                 raise HealthTimeout(
                     f"{label} was not healthy within {timeout_s:.0f}s: {what}",
                     hint=hint_for(
-                        tail,
+                        log,
                         fallback="the server may just be slow to load: raise serve.health_timeout_s, "
                         f"or watch it with sparkctl logs -f {label}",
                     ),

@@ -34,11 +34,6 @@ BASH = "/bin/bash"
 DUMPER = '#!/bin/sh\nprintf \'%s\\0\' "$0" "$@"\n'
 
 
-@pytest.fixture(autouse=True)
-def _isolated(isolated_dirs: None) -> None:
-    pass
-
-
 @pytest.fixture(scope="module")
 def dumper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding `argv-dump` and a `docker` that both dump their argv."""
