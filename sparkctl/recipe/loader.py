@@ -199,7 +199,9 @@ def apply_overrides(
 ) -> dict[str, Any]:
     for text in overrides:
         parts, value = parse_override(text)
-        origin = Origin(_set_label(text).replace(repr(text), text))
+        label = _set_label(text)
+        # where a validation error points: the plain text when it reads as one line, else its repr
+        origin = Origin(label.replace(repr(text), text) if text.isprintable() else label)
         node: Any = data
         for i, part in enumerate(parts[:-1]):
             nxt = node.get(part)
@@ -251,10 +253,18 @@ def validate_data(data: dict[str, Any], positions: dict[Path_, Origin], source: 
     except ValidationError as exc:
         located = [_format_error(err, positions, source) for err in _merge_union_errors(exc.errors(), data)]
         located.sort(key=lambda item: item[0])
-        lines = [text for _, text in located]
+        lines = [one_line(text) for _, text in located]
         first, rest = lines[0], lines[1:]
         message = first if not rest else first + "".join(f"\n  {line}" for line in rest)
         raise UserError(message, hint="`sparkctl schema` prints every field with its description") from None
+
+
+def one_line(text: str) -> str:
+    """A message with the user's keys and values in it, kept to one line: a key holding a newline or a
+    vertical tab must not start a second line that reads like another message."""
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode() for ch in text
+    )
 
 
 def _data_loc(loc: Path_, data: Any, kind: str) -> tuple[Path_, Path_]:
