@@ -256,23 +256,18 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     """Stop RECIPE (or --all) and remove its process or container. Stopping a stopped one is fine."""
     from sparkctl import servers
 
-    targets = servers.to_stop(recipe, all_)
-    if not targets:
+    results = servers.down(recipe, all_, timeout_s=timeout)
+    if not results:
         output.text(f"{recipe} is not running" if recipe else "no sparkctl servers are running")
         return
-    failures: list[RuntimeFailure] = []
-    for st in targets:
-        try:
-            servers.stop(st, timeout_s=timeout)
-        except RuntimeFailure as exc:  # with --all, one unreachable server must not keep the others up
-            if len(targets) == 1:
-                raise
-            output.text(f"error: {st.recipe}: {exc}", err=True)
-            failures.append(exc)
-            continue
-        output.text(f"stopped {st.recipe}")
+    failures = [r for r in results if r.error is not None]
+    for r in results:
+        if r.error is not None:
+            output.text(f"error: {r.recipe}: {r.error}", err=True)
+        else:
+            output.text(f"stopped {r.recipe}" + (f" ({r.note})" if r.note else ""))
     if failures:
-        raise RuntimeFailure(f"{len(failures)} of {len(targets)} server(s) could not be stopped (see above)")
+        raise RuntimeFailure(f"{len(failures)} of {len(results)} server(s) could not be stopped (see above)")
 
 
 # -- status ------------------------------------------------------------------------------------------
@@ -299,7 +294,7 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     table = Table(box=None, pad_edge=False)
     for col in ("RECIPE", "RUNTIME", "PORT", "UPTIME", "HEALTH", "MEMORY", "PID/CONTAINER", "URL"):
         table.add_column(col)
-    colour = {"healthy": "green", "starting": "cyan", "unhealthy": "yellow", "stopped": "red"}
+    colour = {"healthy": "green", "starting": "cyan", "unhealthy": "yellow", "stopped": "red", "orphaned": "red"}
     for r in rows:
         mem = r["memory_bytes"]
         table.add_row(
