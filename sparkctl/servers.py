@@ -156,7 +156,9 @@ def stop(st: ServerState, *, timeout_s: float = 30.0) -> str | None:
     if not rt.is_running(st):
         procs = (rt.stats(st) or {}).get("processes")
         if procs:
-            note = f"its API server was gone; reaped {procs} orphaned engine process(es) and their shared memory"
+            note = (
+                f"its API server was gone; reaped {procs} orphaned engine process(es) and their shared memory"
+            )
     rt.stop(st, timeout_s=timeout_s)
     state_files.remove(st.recipe)
     return note

@@ -294,7 +294,13 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     table = Table(box=None, pad_edge=False)
     for col in ("RECIPE", "RUNTIME", "PORT", "UPTIME", "HEALTH", "MEMORY", "PID/CONTAINER", "URL"):
         table.add_column(col)
-    colour = {"healthy": "green", "starting": "cyan", "unhealthy": "yellow", "stopped": "red", "orphaned": "red"}
+    colour = {
+        "healthy": "green",
+        "starting": "cyan",
+        "unhealthy": "yellow",
+        "stopped": "red",
+        "orphaned": "red",
+    }
     for r in rows:
         mem = r["memory_bytes"]
         table.add_row(
