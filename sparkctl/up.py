@@ -56,6 +56,8 @@ class UpOptions:
     force: bool = False  # go on when the memory plan says it does not fit
     smoke: bool = True
     restart: bool = False  # stop the recipe's running server first (to apply an edited recipe)
+    api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
+    no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
 
 
 @dataclass
@@ -70,6 +72,9 @@ class UpResult:
     smoke_reply: str | None = None
     smoke_tokens: int | None = None
     notes: list[str] = field(default_factory=list)
+    api_key_generated: str | None = (
+        None  # the new key of `--api-key generate`: shown once, then only in its file
+    )
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -93,6 +98,8 @@ class UpResult:
             "smoke_reply": self.smoke_reply,
             "smoke_tokens": self.smoke_tokens,
             "notes": self.notes,
+            "api_key_file": self.plan.api_key_file,
+            "api_key": self.api_key_generated,  # only a key made by this `up`; null otherwise
         }
 
 
@@ -123,6 +130,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     recipe = _load(opts)
     local = _already_local(recipe)
     plan = _plan(recipe, local, opts)
+    key = _api_key(recipe, plan, opts)
     timings["validate"] = time.monotonic() - t
     rep.step(
         "validate",
@@ -135,7 +143,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         return UpResult(plan=plan, dry_run=True, timings=timings)
 
     with state_files.starting(plan.recipe_name):
-        return _start(opts, recipe, plan, local, rep, t_start, timings)
+        return _start(opts, recipe, plan, local, rep, t_start, timings, key)
 
 
 def _start(
@@ -146,9 +154,10 @@ def _start(
     rep: Reporter,
     t_start: float,
     timings: dict[str, float],
+    key: str | None = None,
 ) -> UpResult:
     """Everything after validation, run while holding the recipe's start lock. `planned_with` is the model
-    directory the plan was made with (None: not on this machine yet)."""
+    directory the plan was made with (None: not on this machine yet); `key` a new API key to store."""
     runtime = get_runtime(plan.runtime)
 
     # already up? port free? -------------------------------------------------------------------------
@@ -158,6 +167,59 @@ def _start(
     if existing is not None:
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
     _check_port(plan)
+    if key is not None:
+        from sparkctl.server import auth
+
+        plan = dataclasses.replace(plan, api_key_file=str(auth.store(plan.recipe_name, plan.engine, key)))
+    try:
+        result = _launch(opts, recipe, plan, planned_with, rep, t_start, timings, runtime)
+    except BaseException:
+        if key is not None and opts.api_key == "generate":  # a key nobody has seen goes with the failed up
+            Path(plan.api_key_file or "").unlink(missing_ok=True)
+        raise
+    if key is not None and opts.api_key == "generate":
+        result.api_key_generated = key
+    return result
+
+
+def _api_key(recipe: Any, plan: Plan, opts: UpOptions) -> str | None:
+    """The API key this `up` sets (to store before launch), None to keep the recipe's stored one or none.
+
+    A server bound to anything but loopback with no key at all is refused unless --no-auth: on a home
+    network that is a free GPU for anyone, and a token-holding machine's shell for some engines' tools.
+    """
+    from sparkctl.server import auth
+
+    key: str | None = None
+    if opts.api_key == auth.GENERATE:
+        key = auth.generate()
+    elif opts.api_key:
+        key = auth.check_key(opts.api_key, "--api-key")
+    elif recipe.serve.api_key_file:
+        key = auth.read_key_file(recipe.serve.api_key_file)
+    has_key = key is not None or auth.key_of(plan.api_key_file) is not None
+    if not has_key and not auth.is_loopback(plan.host) and not (opts.no_auth or recipe.serve.no_auth):
+        raise UserError(
+            f"{plan.recipe_name} would listen on {plan.host}:{plan.port} with no API key: anyone who can "
+            "reach this machine could use it",
+            hint="--api-key generate (a new key, stored 0600 and printed once), --api-key KEY, "
+            "serve.api_key_file, or --no-auth to serve it open anyway",
+        )
+    return key
+
+
+def _launch(
+    opts: UpOptions,
+    recipe: Any,
+    plan: Plan,
+    planned_with: Path | None,
+    rep: Reporter,
+    t_start: float,
+    timings: dict[str, float],
+    runtime: Runtime,
+) -> UpResult:
+    """doctor -> image -> fetch -> memory -> prewarm -> launch -> health -> smoke."""
+    from sparkctl.server.auth import key_of
 
     # doctor -------------------------------------------------------------------------------------------
     t = time.monotonic()
@@ -236,6 +298,7 @@ def _start(
                 exit_detail=lambda: runtime.exit_detail(server),
                 last_lines=lambda n: _last_lines(runtime, server, n),
                 on_tick=on_tick,
+                api_key=key_of(plan.api_key_file),
             )
         timings["health"] = time.monotonic() - t
         seconds_to_healthy = time.monotonic() - t_start
@@ -253,7 +316,7 @@ def _start(
         )
         if opts.smoke:
             t = time.monotonic()
-            reply = smoke_test(plan.base_url, plan.served_model_name)
+            reply = smoke_test(plan.base_url, plan.served_model_name, api_key=key_of(plan.api_key_file))
             timings["smoke"] = time.monotonic() - t
             result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
             rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])

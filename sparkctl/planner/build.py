@@ -274,6 +274,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         device=recipe.engine.device,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        api_key_file=_api_key_file(recipe),
     )
 
 
@@ -341,3 +342,12 @@ def _env(recipe: Any, warnings: list[str], notes: list[str]) -> dict[str, str]:
             )
     env.update(recipe.env_strings())
     return env
+
+
+def _api_key_file(recipe: Any) -> str | None:
+    """The key env file the engine reads its API key from: when the recipe names a key file (`up` writes
+    the env file from it), or when a key was stored for this recipe before (`up --api-key`)."""
+    from sparkctl.paths import api_key_file
+
+    path = api_key_file(recipe.name)
+    return str(path) if recipe.serve.api_key_file or path.exists() else None

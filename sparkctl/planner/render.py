@@ -113,8 +113,12 @@ def render_shell(plan: Plan) -> str:
     header += "\n" + "".join(_comment(f"# note: {n}") + "\n" for n in plan.notes)
     if not plan.argv:
         raise UserError(f"cannot render {plan.recipe_name}: the plan has no command")
+    if plan.api_key_file:  # the key itself is never rendered: only the 0600 file that holds it
+        header += f"# API key: from {_comment(plan.api_key_file)} (written by `sparkctl up`)\n"
     if plan.container is None:
         lines = [f"{_env_key(k)}={shlex.quote(v)}" for k, v in plan.env.items()]
+        if plan.api_key_file:
+            header += f"set -a; . {shlex.quote(plan.api_key_file)}; set +a\n"
         if plan.model.needs_token:
             lines.append('HF_TOKEN="${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"')
         head = _arg_lines(list(plan.argv), command=True)
@@ -147,6 +151,8 @@ def render_shell(plan: Plan) -> str:
         opts.append(f"-e {shlex.quote(f'{_env_key(k)}={v}')}")
     if plan.model.needs_token:
         opts.append("-e HF_TOKEN")
+    if plan.api_key_file:
+        opts.append(f"--env-file {shlex.quote(plan.api_key_file)}")
     for k, v in c.labels.items():
         opts.append(f"--label {shlex.quote(f'{k}={v}')}")
     opts.append(f"--entrypoint {shlex.quote(plan.argv[0])}")
@@ -221,6 +227,8 @@ def render_compose(plan: Plan) -> str:
     env = {_env_key(k): v for k, v in plan.env.items()}
     if env or plan.model.needs_token:
         service["environment"] = env
+    if plan.api_key_file:  # compose reads the key from the 0600 file; it is never inline
+        service["env_file"] = [plan.api_key_file]
     if c.labels:
         service["labels"] = dict(c.labels)
     if c.gpus:

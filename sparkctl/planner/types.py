@@ -80,6 +80,9 @@ class Plan:
     device: Literal["cuda", "cpu"] = "cuda"
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # things to know that are not problems (e.g. start Ray on both nodes first)
+    # The env file (paths.api_key_file, 0600) that hands the API key to the engine; None: no key. Only the
+    # path is in a plan: a key is never on a command line, in a log or in a rendered file.
+    api_key_file: str | None = None
 
     @property
     def base_url(self) -> str:

@@ -339,6 +339,22 @@ class ServeSpec(Strict):
         str, Field(default="127.0.0.1", description="Address to listen on (0.0.0.0 to serve the LAN).")
     ]
     port: Annotated[int, Field(default=8000, gt=0, lt=65536, description="TCP port of the OpenAI API.")]
+    api_key_file: Annotated[
+        str | None,
+        Field(
+            default=None,
+            description="A file holding the API key clients must send (Bearer token). Given to the engine "
+            "through its environment, never on its command line; see also `up --api-key`.",
+        ),
+    ]
+    no_auth: Annotated[
+        bool,
+        Field(
+            default=False,
+            description="Serve a non-loopback host without an API key (`up --no-auth`). Refused otherwise: "
+            "anyone on the network could use the server.",
+        ),
+    ]
     served_model_name: Annotated[
         str | None, Field(default=None, description="Model name clients send; defaults to the recipe name.")
     ]

@@ -27,6 +27,7 @@ from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
+from sparkctl.server.auth import env_of
 from sparkctl.server.ports import ensure_free
 
 if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
@@ -266,7 +267,8 @@ class DockerRuntime:
             log_path,
             container_id=container.id,
             container_name=name,
-            extra={"image": spec.image, "image_id": image_id},
+            extra={"image": spec.image, "image_id": image_id}
+            | ({"api_key_file": plan.api_key_file} if plan.api_key_file else {}),
         )
 
     def _create_kwargs(self, plan: Plan, spec: ContainerSpec, name: str) -> dict[str, Any]:
@@ -302,7 +304,8 @@ class DockerRuntime:
             "name": name,
             "detach": True,
             # SPARKCTL_PORT: what the image's HEALTHCHECK probes (docker/Dockerfile).
-            "environment": {**plan.env, "SPARKCTL_PORT": str(plan.port)},
+            # the API key from its 0600 env file, like `docker run --env-file` (never in plan.env or argv)
+            "environment": {**plan.env, **env_of(plan.api_key_file), "SPARKCTL_PORT": str(plan.port)},
             "labels": labels,
             "mounts": mounts,
             "ulimits": [Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in spec.ulimits.items()],

@@ -57,6 +57,7 @@ def wait_healthy(
     last_lines: Callable[[int], list[str]],
     on_tick: Callable[[Tick], None] | None = None,
     poll_s: float = 0.5,
+    api_key: str | None = None,
 ) -> float:
     """Block until `base_url` is healthy and serves `model`; return the seconds it took.
 
@@ -82,7 +83,7 @@ def wait_healthy(
             if _ok(http, f"{base_url}/health"):
                 phase = "loading"
                 try:
-                    seen_models = client.list_models(base_url, timeout_s=2.0)
+                    seen_models = client.list_models(base_url, timeout_s=2.0, api_key=api_key)
                 except (httpx.HTTPError, ValueError, KeyError, TypeError):
                     seen_models = []
                 if model in seen_models:
@@ -111,10 +112,17 @@ def wait_healthy(
             time.sleep(poll_s)
 
 
-def smoke_test(base_url: str, model: str, *, timeout_s: float = 120.0) -> client.ChatResult:
+def smoke_test(
+    base_url: str, model: str, *, timeout_s: float = 120.0, api_key: str | None = None
+) -> client.ChatResult:
     """One real, non-streamed chat completion: proves the model generates, not just that HTTP answers."""
     result = client.chat(
-        base_url, model, "Say hello in one short sentence.", max_tokens=12, timeout_s=timeout_s
+        base_url,
+        model,
+        "Say hello in one short sentence.",
+        max_tokens=12,
+        timeout_s=timeout_s,
+        api_key=api_key,
     )
     if result.completion_tokens < 1:
         raise RuntimeFailure(
