@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.errors import RuntimeFailure, UserError, write_failure
 from sparkctl.planner.types import Plan
 from sparkctl.recipe.overrides import Overrides
 from sparkctl.runtimes import state as state_files
@@ -489,9 +489,12 @@ def _stop_steward(steward: Any, rep: Reporter) -> None:
 def _fresh_log(recipe: str) -> Path:
     """This launch's log file; the previous launch's is kept as `.1` for comparison."""
     path = state_files.log_path(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        os.replace(path, path.with_name(path.name + ".1"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            os.replace(path, path.with_name(path.name + ".1"))
+    except OSError as exc:
+        raise write_failure(path, exc) from None
     return path
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psutil
 
 from sparkctl.atomic import write_atomic
-from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.errors import RuntimeFailure, UserError, write_failure
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
@@ -434,10 +434,14 @@ class DockerRuntime:
         if container is None:
             return
         segments = self._host_shm_segments(container)
+        log_failure: RuntimeFailure | None = None
         try:
             if container.status in ("running", "restarting", "paused"):
                 container.stop(timeout=max(1, int(timeout_s)))
-            self._save_log(container, state)
+            try:
+                self._save_log(container, state)
+            except RuntimeFailure as exc:  # a full disk loses the log, never leaves the container behind
+                log_failure = exc
             container.remove(force=True)
         except NotFound:
             pass  # gone meanwhile: what it left in /dev/shm is still ours to remove
@@ -447,6 +451,10 @@ class DockerRuntime:
                 hint=f"remove it by hand: docker rm -f {state.container_name or state.container_id}",
             ) from None
         remove_leftovers(segments)
+        if log_failure is not None:
+            raise RuntimeFailure(
+                f"stopped {state.recipe}, but its log was not kept: {log_failure}", hint=log_failure.hint
+            )
 
     @staticmethod
     def _host_shm_segments(container: Container) -> set[Path]:
@@ -471,8 +479,11 @@ class DockerRuntime:
         if not state.log_path:
             return
         path = Path(state.log_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, container.logs(stdout=True, stderr=True))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, container.logs(stdout=True, stderr=True))
+        except OSError as exc:  # the log is lost, the stop must still happen: `stop` goes on and says so
+            raise write_failure(path, exc) from None
 
     # -- logs ---------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sparkctl import paths
 from sparkctl.atomic import write_atomic
-from sparkctl.errors import RuntimeFailure
+from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.runtimes.base import ServerState
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -44,8 +44,11 @@ def log_path(recipe: str) -> Path:
 def save(state: ServerState) -> Path:
     """Write atomically (temp file, fsync, rename): a crash never leaves half a record."""
     target = state_path(state.recipe)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(target, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n", fsync=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return write_atomic(target, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n", fsync=True)
+    except OSError as exc:  # ENOSPC, EROFS: one line with the path; write_atomic left no temp file
+        raise write_failure(target, exc) from None
 
 
 def _from_dict(data: dict, source: Path) -> ServerState:
@@ -107,14 +110,19 @@ def _lock_path(recipe: str) -> Path:
 
 def _open_lock(recipe: str) -> int:
     path = _lock_path(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
 
 
 def _set_holder(fd: int, action: str) -> None:
-    """Who holds the lock, for the other side: `<pid> up` or `<pid> down`."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {action}\n".encode(), 0)
+    """Who holds the lock, for the other side: `<pid> up` or `<pid> down` (best effort: on a full disk
+    the lock itself still holds, only `down` cannot name the `up` to interrupt)."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {action}\n".encode(), 0)
 
 
 def _holder(fd: int) -> tuple[int | None, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sparkctl import paths
 from sparkctl.atomic import write_atomic
-from sparkctl.errors import UserError
+from sparkctl.errors import UserError, write_failure
 
 # Characters that mean the same in an env file read by docker, compose and a shell: nothing to quote.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
@@ -60,13 +60,13 @@ def read_key_file(path: str | Path, source: str = "serve.api_key_file") -> str:
 def store(recipe: str, engine: str, key: str) -> Path:
     """Write the env file that hands `key` to the engine; 0600 in a 0700 directory, atomically."""
     path = paths.api_key_file(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path.parent, 0o700)
     var = ENGINE_ENV.get(engine, "VLLM_API_KEY")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
         write_atomic(path, f"{var}={key}\n", fsync=True, mode=0o600)
     except OSError as exc:
-        raise UserError(f"cannot write the API key file {path}: {exc.strerror or exc}") from None
+        raise write_failure(path, exc) from None
     return path
 
 
