@@ -224,6 +224,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             memory_limit=c.memory_limit,
         )
 
+    if container is not None:
+        warnings += _risky_mounts(container)
+
     spec = recipe.serve.speculative
     if (
         spec is not None
@@ -351,3 +354,25 @@ def _api_key_file(recipe: Any) -> str | None:
 
     path = api_key_file(recipe.name)
     return str(path) if recipe.serve.api_key_file or path.exists() else None
+
+
+# Host paths that hand the container the whole machine: the engine (and any model code it runs with
+# trust_remote_code) could then read the HF token, start containers of its own, or read physical memory.
+_RISKY_HOST_PATHS = {
+    "/": "the whole host filesystem",
+    "/var/run/docker.sock": "the Docker socket (root on the host)",
+    "/run/docker.sock": "the Docker socket (root on the host)",
+    "/dev/mem": "physical memory",
+    "/dev/kmem": "kernel memory",
+}
+
+
+def _risky_mounts(container: ContainerSpec) -> list[str]:
+    out = []
+    for source, kind in [(m.source, "mount") for m in container.mounts] + [
+        (d, "device") for d in container.devices
+    ]:
+        what = _RISKY_HOST_PATHS.get(os.path.normpath(source))
+        if what:
+            out.append(f"container {kind} {source} gives the engine {what}; remove it unless you mean it")
+    return out

@@ -379,3 +379,23 @@ def test_builtin_recipes_still_render_to_their_plans() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize(
+    ("container", "fragment"),
+    [
+        (
+            {"mounts": [{"source": "/", "target": "/host"}]},
+            "container mount / gives the engine the whole host",
+        ),
+        (
+            {"mounts": [{"source": "/var/run/docker.sock", "target": "/s"}]},
+            "container mount /var/run/docker.sock gives the engine the Docker socket",
+        ),
+        ({"devices": ["/dev/mem"]}, "container device /dev/mem gives the engine physical memory"),
+    ],
+)
+def test_mounts_that_hand_over_the_host_are_warned_about(container: dict[str, Any], fragment: str) -> None:
+    p = plan_of(base_recipe(runtime="docker", container={"image": "img", **container}))
+    assert any(fragment in w for w in p.warnings), p.warnings
+    assert not plan_of(base_recipe(runtime="docker", container={"image": "img"})).warnings
