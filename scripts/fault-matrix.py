@@ -29,6 +29,7 @@ AREAS = {
     "test_api_keys": "API keys",
     "test_disk_faults": "disk faults",
     "test_doctor_bundle": "bug bundle",
+    "test_watchdog": "memory watchdog",
 }
 
 

@@ -151,6 +151,9 @@ def stop(st: ServerState, *, timeout_s: float = 30.0) -> str | None:
     """Stop the server and forget it (the state file goes only once it is stopped).
 
     Returns a note when what was stopped were orphans: engine processes whose API server had died."""
+    from sparkctl import watchdog
+
+    watchdog.stop(st)
     rt = get_runtime(st.runtime)
     note = None
     if not rt.is_running(st):

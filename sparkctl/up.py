@@ -320,6 +320,13 @@ def _launch(
             timings["smoke"] = time.monotonic() - t
             result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
             rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
+        if plan.watchdog is not None:
+            from sparkctl import watchdog
+
+            floor, interval = plan.watchdog
+            server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
+            state_files.save(server)
+            rep.step("watchdog", f"stops the server if MemAvailable falls below {_gib(floor)}")
         return result
     except BaseException:
         if steward is not None:

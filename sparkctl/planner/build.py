@@ -278,6 +278,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         warnings=tuple(warnings),
         notes=tuple(notes),
         api_key_file=_api_key_file(recipe),
+        watchdog=(recipe.memory.watchdog.floor_bytes, recipe.memory.watchdog.interval_s)
+        if recipe.memory.watchdog
+        else None,
     )
 
 

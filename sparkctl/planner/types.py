@@ -83,6 +83,8 @@ class Plan:
     # The env file (paths.api_key_file, 0600) that hands the API key to the engine; None: no key. Only the
     # path is in a plan: a key is never on a command line, in a log or in a rendered file.
     api_key_file: str | None = None
+    # memory.watchdog: (floor bytes, sample interval s); `up` starts sparkctl.watchdog once healthy
+    watchdog: tuple[int, float] | None = None
 
     @property
     def base_url(self) -> str:

@@ -510,6 +510,22 @@ class LoadSpec(Strict):
     ]
 
 
+class WatchdogSpec(Strict):
+    """Stop the server cleanly before unified memory runs out and the host wedges (a known Spark failure)."""
+
+    floor_bytes: Annotated[
+        int,
+        Field(
+            gt=0,
+            description="Stop the server when the host's MemAvailable falls below this many bytes (e.g. "
+            "4294967296 for 4 GiB).",
+        ),
+    ]
+    interval_s: Annotated[
+        float, Field(default=2.0, gt=0, le=3600, description="Seconds between two MemAvailable samples.")
+    ]
+
+
 class MemorySpec(Strict):
     """Inputs to the memory plan; all sizes in bytes."""
 
@@ -556,6 +572,13 @@ class MemorySpec(Strict):
             default=6 * GiB,
             ge=0,
             description="Memory to leave to the OS, page cache and CPU side; the planner warns below this.",
+        ),
+    ]
+    watchdog: Annotated[
+        WatchdogSpec | None,
+        Field(
+            default=None,
+            description="While serving, sample MemAvailable and stop the server (logged) below a floor.",
         ),
     ]
 
