@@ -56,6 +56,7 @@ class UpOptions:
     force: bool = False  # go on when the memory plan says it does not fit
     smoke: bool = True
     restart: bool = False  # stop the recipe's running server first (to apply an edited recipe)
+    persist: bool = False  # survive a reboot: docker restart policy unless-stopped
     api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
     no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
 
@@ -365,7 +366,17 @@ def _already_local(recipe: Any) -> Path | None:
 def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
     from sparkctl.planner import plan
 
-    return plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+    made = plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+    if opts.persist:
+        if made.container is None:
+            raise UserError(
+                f"--persist needs the docker runtime ({made.recipe_name} runs natively)",
+                hint="--runtime docker --set container.image=IMAGE, or start it at boot yourself",
+            )
+        made = dataclasses.replace(
+            made, container=dataclasses.replace(made.container, restart_policy="unless-stopped")
+        )
+    return made
 
 
 def _existing(plan: Plan, runtime: Runtime, rep: Reporter, *, port_asked: bool = False) -> ServerState | None:

@@ -121,6 +121,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     help="The key clients must send (Bearer); `generate` makes one, stores it 0600 and prints it once.",
 )
 @click.option("--no-auth", is_flag=True, help="Allow serving a non-loopback address without an API key.")
+@click.option(
+    "--persist",
+    is_flag=True,
+    help="Keep serving after a reboot (docker: restart policy unless-stopped; `down` removes it).",
+)
 @json_option
 def up_cmd(
     recipe: str,
@@ -135,6 +140,7 @@ def up_cmd(
     expose: bool,
     api_key: str | None,
     no_auth: bool,
+    persist: bool,
     as_json: bool,
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
@@ -154,6 +160,7 @@ def up_cmd(
         overrides=Overrides(sets=sets, port=port, runtime=runtime),
         api_key=api_key,
         no_auth=no_auth,
+        persist=persist,
         offline=offline,
         dry_run=dry_run,
         force=force,

@@ -126,7 +126,8 @@ def render_shell(plan: Plan) -> str:
         lines += ["  " + line for line in head[1:]]
         return header + _CONT.join(lines) + "\n"
     c = plan.container
-    opts: list[str] = ["docker run --rm", f"--name {shlex.quote(_not_a_flag(c.name, 'container name'))}"]
+    first = "docker run --rm" if c.restart_policy == "no" else f"docker run -d --restart {c.restart_policy}"
+    opts: list[str] = [first, f"--name {shlex.quote(_not_a_flag(c.name, 'container name'))}"]
     if c.gpus:
         opts.append("--gpus all")
     if c.network_host:
@@ -250,7 +251,7 @@ def render_compose(plan: Plan) -> str:
         "retries": 3,
         "start_period": f"{int(plan.health_timeout_s)}s",
     }
-    service["restart"] = "no"
+    service["restart"] = c.restart_policy
     service = _compose_escape(service)
     if plan.model.needs_token:  # the one deliberate interpolation: the token comes from the caller's shell
         service["environment"]["HF_TOKEN"] = "${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"

@@ -36,6 +36,8 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # host device paths passed through (e.g. /dev/infiniband for RDMA)
     memory_limit: str | None = None  # cgroup cap, docker's --memory (e.g. "112g")
+    # "unless-stopped" with `up --persist`: the daemon starts it again after a reboot or a crash
+    restart_policy: Literal["no", "unless-stopped"] = "no"
 
 
 @dataclass(frozen=True)

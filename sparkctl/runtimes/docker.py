@@ -315,6 +315,8 @@ class DockerRuntime:
             # PID 1 ignores SIGTERM, so every `down` would wait out the timeout and end in SIGKILL.
             "init": True,
         }
+        if spec.restart_policy != "no":  # `up --persist`: back after a reboot; `down` removes the container
+            kwargs["restart_policy"] = {"Name": spec.restart_policy}
         if spec.network_host:
             kwargs["network_mode"] = "host"
         else:

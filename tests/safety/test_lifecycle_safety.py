@@ -222,3 +222,22 @@ def test_engine_processes_outliving_the_api_server_are_orphaned_and_reaped(tmp_p
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         segment.unlink(missing_ok=True)
+
+
+def test_persist_on_a_native_recipe_is_refused_in_one_line(tmp_path: Path) -> None:
+    res = _sparkctl(tmp_path, "up", "tiny", "--persist", "--dry-run")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: --persist needs the docker runtime (tiny runs natively)")
+
+
+def test_a_persisted_plan_renders_with_its_restart_policy() -> None:
+    import dataclasses
+
+    from sparkctl.planner.render import render
+    from sparkctl.plans import load_and_plan
+
+    _, p = load_and_plan("glm-5.3-flash", check_memory=False)
+    p = dataclasses.replace(p, container=dataclasses.replace(p.container, restart_policy="unless-stopped"))
+    shell = render(p, "shell")
+    assert shell.splitlines()[1].startswith("docker run -d --restart unless-stopped") and "--rm" not in shell
+    assert "restart: unless-stopped" in render(p, "compose")
