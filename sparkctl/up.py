@@ -248,6 +248,7 @@ def _launch(
 
     t = time.monotonic()
     model_path, files = resolve_weights(plan.model, offline=opts.offline)
+    _check_shards(plan, files)
     size = sum(f.stat().st_size for f in files)
     timings["fetch"] = time.monotonic() - t
     rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])
@@ -491,6 +492,17 @@ def _prewarm(plan: Plan, files: list[Path], rep: Reporter) -> Any:
     if decision.evict_during_load:
         return prewarm.EvictionSteward(files).start()
     return None
+
+
+def _check_shards(plan: Plan, files: list[Path]) -> None:
+    """A truncated or unreadable shard is said in a second, before the launch, not after a load of minutes
+    that ends in the engine's `SafetensorError` (stat and the safetensors header only: no data is read)."""
+    from prewarm import PrewarmError, inspect_files
+
+    try:
+        inspect_files(files)
+    except PrewarmError as exc:
+        raise RuntimeFailure(f"{plan.recipe_name}: {exc}", hint=exc.hint) from None
 
 
 def _stop_steward(steward: Any, rep: Reporter) -> None:

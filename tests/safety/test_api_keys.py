@@ -21,6 +21,7 @@ import pytest
 from sparkctl.server.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+HF_TOKEN = "hf_PlantedHubTokenForTheLeakTest0123"
 
 _ENGINE = """
     import http.server, json, os, sys
@@ -82,6 +83,7 @@ def _sparkctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         **os.environ,
         "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
         "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
+        "HF_TOKEN": HF_TOKEN,  # planted: the engine may read it, no output, log, state or render may show it
     }
     return subprocess.run(
         [sys.executable, "-m", "sparkctl", *args],
@@ -124,8 +126,8 @@ def test_a_generated_key_is_printed_once_stored_0600_and_used_by_sparkctls_own_c
         status = _sparkctl(tmp_path, "status", "--json")
         again = _sparkctl(tmp_path, "up", str(recipe))  # already up: reported, the key not shown again
         assert again.returncode == 0, again.stderr
-        leaked = _everything_written(tmp_path, chat, render, status, again)
-        assert key not in leaked
+        leaked = _everything_written(tmp_path, up, chat, render, status, again).replace(key, "", 1)
+        assert key not in leaked and HF_TOKEN not in leaked
     finally:
         _sparkctl(tmp_path, "down", "keyed")
 
@@ -157,7 +159,8 @@ def test_a_planted_key_file_reaches_the_engine_but_no_output_log_state_or_render
         assert "env_file:" in compose and str(tmp_path / "state" / "keys" / "planted.env") in compose
         chat = _sparkctl(tmp_path, "chat", "planted", "-m", "hi")
         assert chat.returncode == 0, chat.stderr
-        assert planted not in _everything_written(tmp_path, up, chat, *renders)
+        leaked = _everything_written(tmp_path, up, chat, *renders)
+        assert planted not in leaked and HF_TOKEN not in leaked
     finally:
         _sparkctl(tmp_path, "down", "planted")
 

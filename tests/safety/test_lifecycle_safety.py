@@ -241,3 +241,70 @@ def test_a_persisted_plan_renders_with_its_restart_policy() -> None:
     shell = render(p, "shell")
     assert shell.splitlines()[1].startswith("docker run -d --restart unless-stopped") and "--rm" not in shell
     assert "restart: unless-stopped" in render(p, "compose")
+
+
+def _model_dir(tmp_path: Path) -> Path:
+    import struct
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    header = b'{"w":{"dtype":"U8","shape":[4096],"data_offsets":[0,4096]}}'
+    header += b" " * (-len(header) % 8)
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4096)
+    return model
+
+
+def _path_recipe(tmp_path: Path, model: Path, marker: str) -> Path:
+    path = tmp_path / "shard.yaml"
+    entry = json.dumps([sys.executable, "-c", f"import time  # {marker}\ntime.sleep(600)\n"])
+    path.write_text(
+        f"schema: 1\nextends: {REPO / 'recipes' / 'tiny.yaml'}\nname: shard\n"
+        f"model:\n  generate: null\n  path: {model}\nengine:\n  entrypoint: {entry}\n"
+        "serve:\n  health_timeout_s: 60\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("fault", ["truncated", "deleted"])
+def test_a_broken_shard_is_one_line_before_anything_is_launched(tmp_path: Path, fault: str) -> None:
+    model = _model_dir(tmp_path)
+    shard = model / "model.safetensors"
+    if fault == "truncated":
+        os.truncate(shard, shard.stat().st_size - 100)
+    else:  # one of two shards gone, the index still names it: an interrupted download
+        os.link(shard, model / "model-2.safetensors")
+        (model / "model.safetensors.index.json").write_text(
+            '{"weight_map": {"a": "model.safetensors", "b": "model-2.safetensors"}}'
+        )
+        (model / "model-2.safetensors").unlink()
+    marker = f"shard-{os.getpid()}-{time.monotonic_ns()}"
+    res = _sparkctl(tmp_path, "up", str(_path_recipe(tmp_path, model, marker)), "--port", str(free_port()))
+    assert res.returncode in (1, 2), res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr
+    assert (
+        "truncated, 4068 bytes but its header says 4168" if fault == "truncated" else "missing"
+    ) in errors[0]
+    assert "re-download" in res.stderr or "fetch the model again" in res.stderr
+    assert not (tmp_path / "state" / "logs" / "shard.log").exists()  # nothing was launched
+    assert _marked(marker) == []
+
+
+def test_the_api_server_killed_during_load_is_reported_and_its_engine_reaped(tmp_path: Path) -> None:
+    """kill -9 of the API server alone while `up` waits: the engine core it forked must not live on."""
+    marker = f"load{os.getpid()}{time.monotonic_ns()}"
+    code = f"import os, time  # {marker}\nif os.fork() == 0:\n    time.sleep(600)\ntime.sleep(600)\n"
+    recipe = _recipe(tmp_path, "load", code, health_timeout=120)
+    state_file = tmp_path / "state" / "servers" / "load.json"
+    with _up(tmp_path, recipe) as up:
+        _wait_for(state_file.exists, what="the launch")
+        api = psutil.Process(json.loads(state_file.read_text())["pid"])
+        _wait_for(lambda: len(api.children()) == 1, 10, "the engine core")
+        (core,) = api.children()
+        os.kill(api.pid, signal.SIGKILL)
+        _, err = up.communicate(timeout=60)
+    assert up.returncode == 1, err
+    assert "error: load stopped during start-up after" in err and "killed by SIGKILL" in err
+    _wait_for(lambda: gone(core.pid), 10, "the orphaned engine core to be reaped")
+    assert not state_file.exists() and _marked(marker) == []
