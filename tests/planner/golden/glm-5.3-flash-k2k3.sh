@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=2ad660034cc1656482a84b00b33e36db5e1e3e80fb53e98530a598a7504d2cab \
+  --label io.sparkctl.recipe-hash=df91d6b07729ae8cd3e0d1abe7763977d0451899d082a455b2164ea8ec0592ea \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-k2k3 \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=cdf12aec3e9f96efb28bd6df5da63f915eae761fc0177c4018c5eaa0d83dfcfe \
+  --label io.sparkctl.recipe-hash=e79277cc4574cc8b1cfd25573673c0aeeee901143e578838efd283eee12279a2 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash \
