@@ -197,3 +197,11 @@ def test_known_causes_anywhere_in_a_long_log(line: str, cause: str) -> None:
     hint = hint_for(lines, fallback="none")
     assert hint.startswith(cause + ":"), hint
     assert time.monotonic() - t0 < 2
+
+
+def test_control_characters_in_an_error_are_shown_escaped_not_obeyed(tmp_path: Path) -> None:
+    """A path with a carriage return or an escape sequence must not rewrite the terminal's error line."""
+    res = sparkctl("show", str(tmp_path / "evil\r\x1b[2Kfine.yaml"))
+    line = assert_one_error(res, "recipe file not found")
+    assert "\r" not in res.stderr and "\x1b" not in res.stderr
+    assert "evil\\r\\x1b[2Kfine.yaml" in line
