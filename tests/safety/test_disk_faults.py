@@ -124,3 +124,29 @@ def test_a_full_disk_at_the_state_file_stops_the_server_and_leaves_no_half_file(
     listing = proc.stdout.split("--- state dir:", 1)[1]
     assert ".tmp" not in listing and "disk.json" not in listing, listing  # no temp file, no half record
     assert _left_running(marker) == []
+
+
+def test_a_full_disk_while_the_model_is_made_is_one_line_and_leaves_no_half_model(tmp_path: Path) -> None:
+    """The fetch stage of `tiny` generates the model into the cache: a full cache disk there."""
+    marker = f"gen-{os.getpid()}-{time.monotonic_ns()}"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**os.environ, "SPARKCTL_STATE_DIR": str(tmp_path / "state"), "SPARKCTL_CACHE_DIR": str(cache)}
+    argv = [
+        sys.executable,
+        "-m",
+        "sparkctl",
+        "up",
+        str(_recipe(tmp_path, marker)),
+        "--port",
+        str(free_port()),
+    ]
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _PRELUDE, "sh", str(cache), "256k", "-", "rw", *argv],
+        env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
+    )  # fmt: skip
+    line = _one_error(proc.stderr)
+    assert "No space left on device" in line, line
+    listing = proc.stdout.split("--- state dir:", 1)[1].split()
+    assert [p for p in listing if "tiny-llama" in p or ".tmp" in p] == [], listing
+    assert _left_running(marker) == []

@@ -308,3 +308,22 @@ def test_the_api_server_killed_during_load_is_reported_and_its_engine_reaped(tmp
     assert "error: load stopped during start-up after" in err and "killed by SIGKILL" in err
     _wait_for(lambda: gone(core.pid), 10, "the orphaned engine core to be reaped")
     assert not state_file.exists() and _marked(marker) == []
+
+
+def test_ctrl_c_before_the_launch_leaves_no_state_and_no_half_made_model(tmp_path: Path) -> None:
+    """Ctrl-C as soon as `up` holds the lock: in the doctor or while `tiny`'s model is being made."""
+    recipe, marker = _never_healthy(tmp_path, "early-int")
+    with _up(tmp_path, recipe) as up:
+        _wait_for(lambda: _lock_held_by_up(tmp_path, "early-int"), what="up to take the lock")
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=60)
+    # 130 from sparkctl; once in ~8 runs (Ctrl-C inside the doctor's probe threads) the interpreter ends by
+    # SIGINT itself after the clean-up message: the same outcome for a shell, cause not found yet
+    assert up.returncode in (130, -signal.SIGINT), err
+    assert "interrupted: stopped what this `up` had started" in err and "Traceback" not in err
+    assert not (tmp_path / "state" / "servers" / "early-int.json").exists()
+    models = tmp_path / "cache" / "models"
+    leftovers = [p.name for p in models.iterdir()] if models.exists() else []
+    assert all(name == "tiny-llama" for name in leftovers), leftovers  # done, or not there: never a temp dir
+    time.sleep(0.2)
+    assert _marked(marker) == []
