@@ -30,9 +30,24 @@ def natural_key(path: Path | str) -> list[object]:
 
 
 def _walk(root: Path) -> list[Path]:
-    """Regular files under `root`, skipping hidden directories (`.cache/huggingface` lock files)."""
+    """Regular files under `root`, skipping hidden directories (`.cache/huggingface` lock files).
+
+    Directory links are followed (a model dir may link its shards' dirs from another disk), but each
+    real directory is entered once: a link back up the tree (`a/up -> ..`) would otherwise make the
+    walk run until the kernel's path limit, and two such links make it exponential (forever).
+    """
     found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         found.extend(Path(dirpath) / name for name in filenames)
     return found
@@ -124,23 +139,33 @@ class FileInfo:
         return (st.st_size, st.st_mtime_ns, st.st_ino) != (self.size, self.mtime_ns, self.inode)
 
 
-def safetensors_expected_size(fd: int, size: int) -> int | None:
+class BadHeader(ValueError):
+    """The first bytes of a .safetensors file are not a safetensors header."""
+
+
+def safetensors_expected_size(fd: int, size: int) -> int:
     """Bytes the file must have according to its own header (8 + header + end of the last tensor).
 
-    Returns None when the header cannot be parsed; the caller decides whether that matters.
+    Raises BadHeader for a header no loader accepts: a length past the format's 100 MiB limit (a
+    length of 2^63-1 must not make anyone allocate or read that much) or a header that is not a JSON
+    object.
     """
     head = os.pread(fd, 8, 0)
     if len(head) < 8:
         return 8
     (header_len,) = struct.unpack("<Q", head)
     if header_len > _MAX_SAFETENSORS_HEADER:
-        return None
+        raise BadHeader(
+            f"header length {header_len:,} is past the format's {_MAX_SAFETENSORS_HEADER:,} limit"
+        )
     if 8 + header_len > size:
         return 8 + header_len
     try:
         header = json.loads(os.pread(fd, header_len, 8))
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        raise BadHeader("header is not JSON") from None
+    if not isinstance(header, dict):
+        raise BadHeader("header is not a JSON object")
     end = 0
     for name, entry in header.items():
         if name == "__metadata__" or not isinstance(entry, dict):
@@ -183,7 +208,10 @@ def inspect_files(files: Iterable[str | os.PathLike[str] | FileInfo]) -> list[Fi
                 except OSError as exc:
                     problems.append(f"{path}: unreadable ({exc.strerror})")
                     continue
-                if expected is not None and st.st_size < expected:
+                except BadHeader as exc:
+                    problems.append(f"{path}: not a safetensors file ({exc})")
+                    continue
+                if st.st_size < expected:
                     problems.append(f"{path}: truncated, {st.st_size} bytes but its header says {expected}")
                     continue
             infos.append(FileInfo(path, st.st_size, st.st_mtime_ns, st.st_ino, expected))
@@ -191,6 +219,7 @@ def inspect_files(files: Iterable[str | os.PathLike[str] | FileInfo]) -> list[Fi
             os.close(fd)
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        hint = "re-download the model" if any("truncated" in p for p in problems) else None
+        broken = ("truncated", "not a safetensors file")
+        hint = "re-download the model" if any(b in p for p in problems for b in broken) else None
         raise BadInput("; ".join(problems[:3]) + more, hint=hint)
     return infos

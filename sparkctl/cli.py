@@ -54,6 +54,16 @@ def cli() -> None:
     """Serve large quantized language models on a DGX Spark with one command."""
 
 
+def _printable(message: str) -> str:
+    """A message that may quote user text, kept to its own lines: a carriage return, a vertical tab or an
+    escape sequence in a key or a value is shown escaped, not obeyed by the terminal. Newlines stay (a
+    message lists further problems on indented lines)."""
+    return "\n".join(
+        "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode() for ch in line)
+        for line in message.split("\n")
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turn every SparkctlError into one line on stderr and its exit code."""
     try:
@@ -62,17 +72,17 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as exc:  # a bad flag or argument: one line, like every other user error
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {_printable(exc.format_message())}", err=True)
         command = exc.ctx.command_path if exc.ctx is not None else "sparkctl"
         click.echo(f"hint: {command} --help", err=True)
         sys.exit(2)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {_printable(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except SparkctlError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_printable(str(exc))}", err=True)
         if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
+            click.echo(f"hint: {_printable(exc.hint)}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)

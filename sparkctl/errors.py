@@ -27,3 +27,17 @@ class RuntimeFailure(SparkctlError):
     """Something the tool tried to do failed (server did not become healthy, daemon unreachable)."""
 
     exit_code = 1
+
+
+def write_failure(path: object, exc: OSError) -> RuntimeFailure:
+    """An OSError from writing sparkctl's own files (state, locks, logs, keys) as one line with the path:
+    a full disk or a read-only state directory is the user's to fix, not a traceback."""
+    import errno
+
+    why = exc.strerror or str(exc)
+    hint = None
+    if exc.errno == errno.ENOSPC:
+        hint = "free space on that filesystem (or point SPARKCTL_STATE_DIR elsewhere), then try again"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "set SPARKCTL_STATE_DIR to a writable directory"
+    return RuntimeFailure(f"cannot write {exc.filename or path}: {why}", hint=hint)

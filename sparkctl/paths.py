@@ -35,3 +35,9 @@ def generated_model_dir(generator: str) -> Path:
 
 def logs_dir() -> Path:
     return state_dir() / "logs"
+
+
+def api_key_file(recipe: str) -> Path:
+    """The env file (`VLLM_API_KEY=...`, mode 0600) that hands a recipe's API key to its engine: never on a
+    command line, in a log or in a rendered file, which only name this path."""
+    return state_dir() / "keys" / f"{recipe}.env"

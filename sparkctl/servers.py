@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import RuntimeFailure, UserError
@@ -97,11 +98,16 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
         try:
             rt = get_runtime(st.runtime)
             running = rt.is_running(st)
-            stats = rt.stats(st) if running else None
+            # also when the API server is gone: engine processes that outlive it still hold the memory
+            stats = rt.stats(st)
         except RuntimeFailure as exc:  # e.g. the Docker daemon went away
             running, stats, err = False, None, str(exc)
         if not running:
-            health = "stopped"
+            # `orphaned`: the API server died (SIGKILL, OOM) but its engine core / workers live on, holding
+            # memory and shared-memory segments; `down` (or the next `up`) reaps them
+            health = "orphaned" if (stats or {}).get("processes") else "stopped"
+            if health == "stopped":
+                stats = None
         else:
             health = "healthy" if probe_health(st.base_url, timeout_s=2.0) else "unhealthy"
             if health == "unhealthy" and state_files.is_starting(st.recipe):
@@ -141,10 +147,24 @@ def to_stop(recipe: str | None, all_: bool) -> list[ServerState]:
     return [found]
 
 
-def stop(st: ServerState, *, timeout_s: float = 30.0) -> None:
-    """Stop the server and forget it (the state file goes only once it is stopped)."""
-    get_runtime(st.runtime).stop(st, timeout_s=timeout_s)
+def stop(st: ServerState, *, timeout_s: float = 30.0) -> str | None:
+    """Stop the server and forget it (the state file goes only once it is stopped).
+
+    Returns a note when what was stopped were orphans: engine processes whose API server had died."""
+    from sparkctl import watchdog
+
+    watchdog.stop(st)
+    rt = get_runtime(st.runtime)
+    note = None
+    if not rt.is_running(st):
+        procs = (rt.stats(st) or {}).get("processes")
+        if procs:
+            note = (
+                f"its API server was gone; reaped {procs} orphaned engine process(es) and their shared memory"
+            )
+    rt.stop(st, timeout_s=timeout_s)
     state_files.remove(st.recipe)
+    return note
 
 
 def log_lines(recipe: str, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
@@ -158,3 +178,49 @@ def log_lines(recipe: str, *, tail: int | None = None, follow: bool = False) -> 
     if not path.exists():
         raise UserError(f"no logs for {recipe}: it is not running and has not run", hint="sparkctl status")
     return follow_file(path, tail=tail)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """One recipe `down` dealt with: stopped (with a note on what was special), or the error it hit."""
+
+    recipe: str
+    note: str | None = None
+    error: RuntimeFailure | None = None
+
+
+def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Stopped]:
+    """`down RECIPE` / `down --all`, each recipe under its lock (state.stopping): an `up` still starting
+    it is interrupted and waited for first, so its server is stopped, never left behind. [] when
+    nothing runs (a misspelt RECIPE is a UserError)."""
+    if all_ and recipe:
+        raise UserError("give a RECIPE or --all, not both")
+    if all_:
+        names = sorted({s.recipe for s in state_files.load_all()} | set(state_files.locked_recipes()))
+    elif not recipe:
+        raise UserError("name the recipe to stop, or use --all", hint="see what runs: sparkctl status")
+    else:
+        names = [recipe]
+    done: list[Stopped] = []
+    for name in names:
+        key = recipe_name(name)
+        try:
+            with state_files.stopping(key, wait_s=timeout_s + 30.0) as interrupted:
+                found = find_state(name)
+                if found is None and interrupted is None:
+                    if not all_:
+                        known_recipe(name)  # a typo must not read as "stopped"
+                    continue
+                note = None
+                if found is not None:
+                    note = stop(found, timeout_s=timeout_s)
+                if interrupted is not None:
+                    note = f"it was still starting: interrupted its `up` (pid {interrupted})" + (
+                        f"; {note}" if note else ""
+                    )
+                done.append(Stopped(key, note))
+        except RuntimeFailure as exc:  # with --all, one unreachable server must not keep the others up
+            if not all_:
+                raise
+            done.append(Stopped(key, error=exc))
+    return done

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.errors import RuntimeFailure, UserError, write_failure
 from sparkctl.planner.types import Plan
 from sparkctl.recipe.overrides import Overrides
 from sparkctl.runtimes import state as state_files
@@ -56,6 +56,9 @@ class UpOptions:
     force: bool = False  # go on when the memory plan says it does not fit
     smoke: bool = True
     restart: bool = False  # stop the recipe's running server first (to apply an edited recipe)
+    persist: bool = False  # survive a reboot: docker restart policy unless-stopped
+    api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
+    no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
 
 
 @dataclass
@@ -70,6 +73,9 @@ class UpResult:
     smoke_reply: str | None = None
     smoke_tokens: int | None = None
     notes: list[str] = field(default_factory=list)
+    api_key_generated: str | None = (
+        None  # the new key of `--api-key generate`: shown once, then only in its file
+    )
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -93,6 +99,8 @@ class UpResult:
             "smoke_reply": self.smoke_reply,
             "smoke_tokens": self.smoke_tokens,
             "notes": self.notes,
+            "api_key_file": self.plan.api_key_file,
+            "api_key": self.api_key_generated,  # only a key made by this `up`; null otherwise
         }
 
 
@@ -125,6 +133,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     recipe = _load(opts)
     local = _already_local(recipe)
     plan = _plan(recipe, local, opts)
+    key = _api_key(recipe, plan, opts)
     timings["validate"] = time.monotonic() - t
     rep.step(
         "validate",
@@ -137,7 +146,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         return UpResult(plan=plan, dry_run=True, timings=timings)
 
     with state_files.starting(plan.recipe_name):
-        return _start(opts, recipe, plan, local, rep, t_start, timings)
+        return _start(opts, recipe, plan, local, rep, t_start, timings, key)
 
 
 def _start(
@@ -148,9 +157,10 @@ def _start(
     rep: Reporter,
     t_start: float,
     timings: dict[str, float],
+    key: str | None = None,
 ) -> UpResult:
     """Everything after validation, run while holding the recipe's start lock. `planned_with` is the model
-    directory the plan was made with (None: not on this machine yet)."""
+    directory the plan was made with (None: not on this machine yet); `key` a new API key to store."""
     runtime = get_runtime(plan.runtime)
 
     # already up? port free? -------------------------------------------------------------------------
@@ -160,6 +170,59 @@ def _start(
     if existing is not None:
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
     _check_port(plan)
+    if key is not None:
+        from sparkctl.server import auth
+
+        plan = dataclasses.replace(plan, api_key_file=str(auth.store(plan.recipe_name, plan.engine, key)))
+    try:
+        result = _launch(opts, recipe, plan, planned_with, rep, t_start, timings, runtime)
+    except BaseException:
+        if key is not None and opts.api_key == "generate":  # a key nobody has seen goes with the failed up
+            Path(plan.api_key_file or "").unlink(missing_ok=True)
+        raise
+    if key is not None and opts.api_key == "generate":
+        result.api_key_generated = key
+    return result
+
+
+def _api_key(recipe: Any, plan: Plan, opts: UpOptions) -> str | None:
+    """The API key this `up` sets (to store before launch), None to keep the recipe's stored one or none.
+
+    A server bound to anything but loopback with no key at all is refused unless --no-auth: on a home
+    network that is a free GPU for anyone, and a token-holding machine's shell for some engines' tools.
+    """
+    from sparkctl.server import auth
+
+    key: str | None = None
+    if opts.api_key == auth.GENERATE:
+        key = auth.generate()
+    elif opts.api_key:
+        key = auth.check_key(opts.api_key, "--api-key")
+    elif recipe.serve.api_key_file:
+        key = auth.read_key_file(recipe.serve.api_key_file)
+    has_key = key is not None or auth.key_of(plan.api_key_file) is not None
+    if not has_key and not auth.is_loopback(plan.host) and not (opts.no_auth or recipe.serve.no_auth):
+        raise UserError(
+            f"{plan.recipe_name} would listen on {plan.host}:{plan.port} with no API key: anyone who can "
+            "reach this machine could use it",
+            hint="--api-key generate (a new key, stored 0600 and printed once), --api-key KEY, "
+            "serve.api_key_file, or --no-auth to serve it open anyway",
+        )
+    return key
+
+
+def _launch(
+    opts: UpOptions,
+    recipe: Any,
+    plan: Plan,
+    planned_with: Path | None,
+    rep: Reporter,
+    t_start: float,
+    timings: dict[str, float],
+    runtime: Runtime,
+) -> UpResult:
+    """doctor -> image -> fetch -> memory -> prewarm -> launch -> health -> smoke."""
+    from sparkctl.server.auth import key_of
 
     # doctor -------------------------------------------------------------------------------------------
     t = time.monotonic()
@@ -187,6 +250,7 @@ def _start(
 
     t = time.monotonic()
     model_path, files = resolve_weights(plan.model, offline=opts.offline)
+    _check_shards(plan, files)
     size = sum(f.stat().st_size for f in files)
     timings["fetch"] = time.monotonic() - t
     rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])
@@ -238,6 +302,7 @@ def _start(
                 exit_detail=lambda: runtime.exit_detail(server),
                 last_lines=lambda n: _last_lines(runtime, server, n),
                 on_tick=on_tick,
+                api_key=key_of(plan.api_key_file),
             )
         timings["health"] = time.monotonic() - t
         seconds_to_healthy = time.monotonic() - t_start
@@ -255,10 +320,17 @@ def _start(
         )
         if opts.smoke:
             t = time.monotonic()
-            reply = smoke_test(plan.base_url, plan.served_model_name)
+            reply = smoke_test(plan.base_url, plan.served_model_name, api_key=key_of(plan.api_key_file))
             timings["smoke"] = time.monotonic() - t
             result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
             rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
+        if plan.watchdog is not None:
+            from sparkctl import watchdog
+
+            floor, interval = plan.watchdog
+            server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
+            state_files.save(server)
+            rep.step("watchdog", f"stops the server if MemAvailable falls below {_gib(floor)}")
         return result
     except BaseException:
         if steward is not None:
@@ -297,7 +369,17 @@ def _already_local(recipe: Any) -> Path | None:
 def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
     from sparkctl.planner import plan
 
-    return plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+    made = plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+    if opts.persist:
+        if made.container is None:
+            raise UserError(
+                f"--persist needs the docker runtime ({made.recipe_name} runs natively)",
+                hint="--runtime docker --set container.image=IMAGE, or start it at boot yourself",
+            )
+        made = dataclasses.replace(
+            made, container=dataclasses.replace(made.container, restart_policy="unless-stopped")
+        )
+    return made
 
 
 def _existing(plan: Plan, runtime: Runtime, rep: Reporter, *, port_asked: bool = False) -> ServerState | None:
@@ -414,6 +496,17 @@ def _prewarm(plan: Plan, files: list[Path], rep: Reporter) -> Any:
     return None
 
 
+def _check_shards(plan: Plan, files: list[Path]) -> None:
+    """A truncated or unreadable shard is said in a second, before the launch, not after a load of minutes
+    that ends in the engine's `SafetensorError` (stat and the safetensors header only: no data is read)."""
+    from prewarm import PrewarmError, inspect_files
+
+    try:
+        inspect_files(files)
+    except PrewarmError as exc:
+        raise RuntimeFailure(f"{plan.recipe_name}: {exc}", hint=exc.hint) from None
+
+
 def _stop_steward(steward: Any, rep: Reporter) -> None:
     report = steward.stop()
     if report is not None:
@@ -428,9 +521,12 @@ def _stop_steward(steward: Any, rep: Reporter) -> None:
 def _fresh_log(recipe: str) -> Path:
     """This launch's log file; the previous launch's is kept as `.1` for comparison."""
     path = state_files.log_path(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        os.replace(path, path.with_name(path.name + ".1"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            os.replace(path, path.with_name(path.name + ".1"))
+    except OSError as exc:
+        raise write_failure(path, exc) from None
     return path
 
 

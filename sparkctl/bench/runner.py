@@ -137,7 +137,12 @@ def _served(
             "started_by_bench": started,
         }
         try:
-            yield {"base_url": st.base_url, "model": opts.model or st.served_model_name, "server": info}
+            yield {
+                "base_url": st.base_url,
+                "model": opts.model or st.served_model_name,
+                "server": info,
+                "api_key": _stored_key(st),
+            }
         finally:
             if started or opts.sweep:
                 _down(res.plan.recipe_name)
@@ -151,7 +156,12 @@ def _served(
         "overrides": [],
         "started_by_bench": False,
     }
-    yield {"base_url": st.base_url, "model": opts.model or st.served_model_name, "server": info}
+    yield {
+        "base_url": st.base_url,
+        "model": opts.model or st.served_model_name,
+        "server": info,
+        "api_key": _stored_key(st),
+    }
 
 
 # -- one variant -------------------------------------------------------------------------------------
@@ -169,7 +179,7 @@ def _bench_variant(
     target = Target(
         base_url=where["base_url"],
         model=where["model"],
-        api_key=opts.api_key,
+        api_key=opts.api_key or where.get("api_key"),  # --api-key, else the key `up` stored for the recipe
         api=opts.api,
         timeout_s=opts.timeout_s,
     )
@@ -273,3 +283,10 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
             rec["target"]["model"] = rec["variants"][0]["model"]
         save()
     return Outcome(rec, json_path, stopped_by)
+
+
+def _stored_key(st: Any) -> str | None:
+    """The API key `up --api-key` stored for a recipe's server (its 0600 env file), for bench's requests."""
+    from sparkctl.server.auth import key_of
+
+    return key_of(st.extra.get("api_key_file"))

@@ -20,8 +20,17 @@ from sparkctl.commands.options import json_option, set_option
     metavar="CHECK",
     help="Run only this check (repeatable): arch, gpu, driver, docker, nvidia-runtime, memory, disk, llama.cpp, freetoken, hf-token.",
 )
+@click.option(
+    "--bundle",
+    "bundle_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a redacted .tar.gz for a bug report (host, checks, recipe, plan, states, log tails).",
+)
 @json_option
-def doctor_cmd(recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...], as_json: bool) -> int:
+def doctor_cmd(
+    recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...], bundle_path: str | None, as_json: bool
+) -> int:
     """Check the host: arch, GPU, driver/CUDA, Docker and the NVIDIA runtime, memory, disk, the llama.cpp
     and FreeToken engines, HF token.
 
@@ -30,6 +39,13 @@ def doctor_cmd(recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...],
     """
     from sparkctl.doctor import run_checks
     from sparkctl.errors import UserError
+
+    if bundle_path:
+        from sparkctl.bundle import write_bundle
+
+        written = write_bundle(bundle_path, recipe, sets)
+        output.text(f"wrote {written} (secrets redacted; check it before you share it)", err=True)
+        return 0
 
     the_plan = None
     if recipe:

@@ -109,6 +109,23 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     is_flag=True,
     help="Stop the recipe's running server first (applies an edited recipe, new --set values or a new port).",
 )
+@click.option(
+    "--expose",
+    is_flag=True,
+    help="Listen on every interface (serve.host 0.0.0.0) instead of 127.0.0.1; needs an API key or --no-auth.",
+)
+@click.option(
+    "--api-key",
+    metavar="KEY|generate",
+    default=None,
+    help="The key clients must send (Bearer); `generate` makes one, stores it 0600 and prints it once.",
+)
+@click.option("--no-auth", is_flag=True, help="Allow serving a non-loopback address without an API key.")
+@click.option(
+    "--persist",
+    is_flag=True,
+    help="Keep serving after a reboot (docker: restart policy unless-stopped; `down` removes it).",
+)
 @json_option
 def up_cmd(
     recipe: str,
@@ -120,6 +137,10 @@ def up_cmd(
     force: bool,
     no_smoke: bool,
     restart: bool,
+    expose: bool,
+    api_key: str | None,
+    no_auth: bool,
+    persist: bool,
     as_json: bool,
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
@@ -132,9 +153,14 @@ def up_cmd(
     from sparkctl.server.health import StartupFailed
     from sparkctl.up import UpOptions, run_up
 
+    if expose:
+        sets = (*sets, "serve.host=0.0.0.0")
     opts = UpOptions(
         recipe=recipe,
         overrides=Overrides(sets=sets, port=port, runtime=runtime),
+        api_key=api_key,
+        no_auth=no_auth,
+        persist=persist,
         offline=offline,
         dry_run=dry_run,
         force=force,
@@ -222,10 +248,15 @@ def _print_summary(result: Any) -> None:
     )
     if result.smoke_reply is not None:
         output.text(f"  smoke test: {result.smoke_tokens} token(s): {_shorten(result.smoke_reply, 60)!r}")
+    if result.api_key_generated:
+        output.text(f"  api key: {result.api_key_generated}  (shown once; kept 0600 in {plan.api_key_file})")
     body = json.dumps({"model": s.served_model_name, "messages": [{"role": "user", "content": "Hello!"}]})
     output.text(f"  try:   sparkctl chat {plan.recipe_name}")
+    auth = ""
+    if plan.api_key_file:  # the key by reference: a summary that is pasted somewhere must not carry it
+        auth = f' -H "Authorization: Bearer $(cut -d= -f2- {shlex.quote(plan.api_key_file)})"'
     output.text(
-        f"         curl {url}/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
+        f"         curl {url}/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}"
     )
     output.text(f"  logs:  sparkctl logs -f {plan.recipe_name}    stop: sparkctl down {plan.recipe_name}")
 
@@ -256,23 +287,18 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     """Stop RECIPE (or --all) and remove its process or container. Stopping a stopped one is fine."""
     from sparkctl import servers
 
-    targets = servers.to_stop(recipe, all_)
-    if not targets:
+    results = servers.down(recipe, all_, timeout_s=timeout)
+    if not results:
         output.text(f"{recipe} is not running" if recipe else "no sparkctl servers are running")
         return
-    failures: list[RuntimeFailure] = []
-    for st in targets:
-        try:
-            servers.stop(st, timeout_s=timeout)
-        except RuntimeFailure as exc:  # with --all, one unreachable server must not keep the others up
-            if len(targets) == 1:
-                raise
-            output.text(f"error: {st.recipe}: {exc}", err=True)
-            failures.append(exc)
-            continue
-        output.text(f"stopped {st.recipe}")
+    failures = [r for r in results if r.error is not None]
+    for r in results:
+        if r.error is not None:
+            output.text(f"error: {r.recipe}: {r.error}", err=True)
+        else:
+            output.text(f"stopped {r.recipe}" + (f" ({r.note})" if r.note else ""))
     if failures:
-        raise RuntimeFailure(f"{len(failures)} of {len(targets)} server(s) could not be stopped (see above)")
+        raise RuntimeFailure(f"{len(failures)} of {len(results)} server(s) could not be stopped (see above)")
 
 
 # -- status ------------------------------------------------------------------------------------------
@@ -299,7 +325,13 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     table = Table(box=None, pad_edge=False)
     for col in ("RECIPE", "RUNTIME", "PORT", "UPTIME", "HEALTH", "MEMORY", "PID/CONTAINER", "URL"):
         table.add_column(col)
-    colour = {"healthy": "green", "starting": "cyan", "unhealthy": "yellow", "stopped": "red"}
+    colour = {
+        "healthy": "green",
+        "starting": "cyan",
+        "unhealthy": "yellow",
+        "stopped": "red",
+        "orphaned": "red",
+    }
     for r in rows:
         mem = r["memory_bytes"]
         table.add_row(
@@ -361,13 +393,19 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
 def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: float) -> None:
     """Send one chat message to a running server and stream the answer to stdout."""
     from sparkctl import servers
+    from sparkctl.server.auth import key_of
     from sparkctl.server.client import stream_chat
 
     st = servers.chat_target(recipe)
     t0 = time.monotonic()
     pieces = 0
     for piece in stream_chat(
-        st.base_url, st.served_model_name, message, max_tokens=max_tokens, temperature=temperature
+        st.base_url,
+        st.served_model_name,
+        message,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        api_key=key_of(st.extra.get("api_key_file")),
     ):
         pieces += 1
         output.text(piece, nl=False)

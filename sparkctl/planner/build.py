@@ -239,6 +239,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             memory_limit=c.memory_limit,
         )
 
+    if container is not None:
+        warnings += _risky_mounts(container)
+
     spec = recipe.serve.speculative
     if (
         spec is not None
@@ -289,6 +292,10 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         device=recipe.engine.device,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        api_key_file=_api_key_file(recipe),
+        watchdog=(recipe.memory.watchdog.floor_bytes, recipe.memory.watchdog.interval_s)
+        if recipe.memory.watchdog
+        else None,
     )
 
 
@@ -356,3 +363,34 @@ def _env(recipe: Any, warnings: list[str], notes: list[str]) -> dict[str, str]:
             )
     env.update(recipe.env_strings())
     return env
+
+
+def _api_key_file(recipe: Any) -> str | None:
+    """The key env file the engine reads its API key from: when the recipe names a key file (`up` writes
+    the env file from it), or when a key was stored for this recipe before (`up --api-key`)."""
+    from sparkctl.paths import api_key_file
+
+    path = api_key_file(recipe.name)
+    return str(path) if recipe.serve.api_key_file or path.exists() else None
+
+
+# Host paths that hand the container the whole machine: the engine (and any model code it runs with
+# trust_remote_code) could then read the HF token, start containers of its own, or read physical memory.
+_RISKY_HOST_PATHS = {
+    "/": "the whole host filesystem",
+    "/var/run/docker.sock": "the Docker socket (root on the host)",
+    "/run/docker.sock": "the Docker socket (root on the host)",
+    "/dev/mem": "physical memory",
+    "/dev/kmem": "kernel memory",
+}
+
+
+def _risky_mounts(container: ContainerSpec) -> list[str]:
+    out = []
+    for source, kind in [(m.source, "mount") for m in container.mounts] + [
+        (d, "device") for d in container.devices
+    ]:
+        what = _RISKY_HOST_PATHS.get(os.path.normpath(source))
+        if what:
+            out.append(f"container {kind} {source} gives the engine {what}; remove it unless you mean it")
+    return out

@@ -77,6 +77,12 @@ def check_extra_args(recipe: Any) -> list[str]:
     args = recipe.serve.extra_args
     for i, arg in enumerate(args):
         name = _flag_name(arg)
+        if name == "--api-key":
+            raise UserError(
+                "serve.extra_args: --api-key here would be written into the log and every rendered command",
+                hint="pass it with `sparkctl up --api-key KEY` or serve.api_key_file (the engine gets it "
+                "through its environment)",
+            )
         if recipe.engine.name == "vllm" and name in REMOVED_VLLM_FLAGS:
             raise UserError(f"serve.extra_args: {name} is {REMOVED_VLLM_FLAGS[name]}")
         nxt = args[i + 1] if i + 1 < len(args) else ""

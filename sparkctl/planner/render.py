@@ -2,6 +2,12 @@
 
 These are views of the same Plan that `up` executes, so what `render` prints is what `up` runs; the
 only additions are the ones a hand-run needs (a `--rm`, the HF token passed through from the shell).
+
+Every value is quoted for its target, whatever the recipe says: shell words through shlex (a comment
+line cannot be left by a newline in a host or a note), compose strings with `$` doubled in every field
+(compose would otherwise fill `${HF_TOKEN}` in an image name with the real token). Names that a shell
+or docker would read as syntax (env keys, ulimit names, an image or argv[0] starting with '-') are
+refused, not quoted into something else; the schema refuses them first, this is the last line.
 """
 
 from __future__ import annotations
@@ -17,6 +23,14 @@ from sparkctl.planner.types import Plan
 
 FORMATS = ("shell", "json", "compose")
 _CONT = " \\\n"
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ULIMIT_NAME = re.compile(r"[a-z]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+# bash reserved words: as the first word of a command they are syntax, not a program name
+_RESERVED = frozenset(
+    ("!", "[[", "]]", "{", "}", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for",
+     "function", "if", "in", "select", "then", "time", "until", "while")
+)  # fmt: skip
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -35,15 +49,20 @@ def render(plan: Plan, fmt: str) -> str:
     raise UserError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 
-def _arg_lines(args: list[str]) -> list[str]:
-    """Group `--flag value...` so each flag starts a line: long vLLM command lines stay readable."""
+def _arg_lines(args: list[str], *, command: bool = False) -> list[str]:
+    """Group `--flag value...` so each flag starts a line: long vLLM command lines stay readable.
+
+    With `command`, args[0] is the program a shell runs, quoted as a command word."""
     lines: list[list[str]] = []
     for arg in args:
         if arg.startswith("-") and not _is_number(arg) or not lines:
             lines.append([arg])
         else:
             lines[-1].append(arg)
-    return [shlex.join(line) for line in lines]
+    out = [shlex.join(line) for line in lines]
+    if command and lines:
+        out[0] = " ".join([_command_word(lines[0][0]), *map(shlex.quote, lines[0][1:])])
+    return out
 
 
 def _is_number(text: str) -> bool:
@@ -54,23 +73,61 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _comment(text: str) -> str:
+    """Text for a `# ...` line: control characters (a newline would end the comment) shown escaped."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _env_key(key: str) -> str:
+    if not _ENV_KEY.fullmatch(key):
+        raise UserError(f"cannot render environment variable {key!r}: not a valid variable name")
+    return key
+
+
+def _command_word(word: str) -> str:
+    """argv[0] as the first word of a shell command: quoted so it is never an assignment or a keyword."""
+    quoted = shlex.quote(word)
+    if quoted == word and ("=" in word or word in _RESERVED):
+        quoted = f"'{word}'"
+    return quoted
+
+
+def _not_a_flag(value: str, what: str) -> str:
+    if value.startswith("-") or not value:
+        raise UserError(f"cannot render {what} {value!r}: docker would read it as an option")
+    return value
+
+
+def _bind_spec(source: str, target: str, read_only: bool) -> str:
+    for path in (source, target):
+        if ":" in path:
+            raise UserError(f"cannot render the bind mount {path!r}: docker's -v cannot take a path with ':'")
+    return f"{source}:{target}" + (":ro" if read_only else "")
+
+
 def render_shell(plan: Plan) -> str:
     """A copy-pasteable command: `docker run ...` for docker plans, env + the engine command natively."""
-    header = (
-        f"# sparkctl plan for {plan.recipe_name} ({plan.engine}, {plan.runtime}); serves {plan.base_url}/v1\n"
+    header = _comment(
+        f"# sparkctl plan for {plan.recipe_name} ({plan.engine}, {plan.runtime}); serves {plan.base_url}/v1"
     )
-    header += "".join(f"# note: {n}\n" for n in plan.notes)
+    header += "\n" + "".join(_comment(f"# note: {n}") + "\n" for n in plan.notes)
+    if not plan.argv:
+        raise UserError(f"cannot render {plan.recipe_name}: the plan has no command")
+    if plan.api_key_file:  # the key itself is never rendered: only the 0600 file that holds it
+        header += f"# API key: from {_comment(plan.api_key_file)} (written by `sparkctl up`)\n"
     if plan.container is None:
-        lines = [f"{k}={shlex.quote(v)}" for k, v in plan.env.items()]
+        lines = [f"{_env_key(k)}={shlex.quote(v)}" for k, v in plan.env.items()]
+        if plan.api_key_file:
+            header += f"set -a; . {shlex.quote(plan.api_key_file)}; set +a\n"
         if plan.model.needs_token:
             lines.append('HF_TOKEN="${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"')
-        argv = list(plan.argv)
-        head = _arg_lines(argv)
+        head = _arg_lines(list(plan.argv), command=True)
         lines.append(head[0])
         lines += ["  " + line for line in head[1:]]
         return header + _CONT.join(lines) + "\n"
     c = plan.container
-    opts: list[str] = ["docker run --rm", f"--name {shlex.quote(c.name)}"]
+    first = "docker run --rm" if c.restart_policy == "no" else f"docker run -d --restart {c.restart_policy}"
+    opts: list[str] = [first, f"--name {shlex.quote(_not_a_flag(c.name, 'container name'))}"]
     if c.gpus:
         opts.append("--gpus all")
     if c.network_host:
@@ -84,27 +141,38 @@ def render_shell(plan: Plan) -> str:
     if c.memory_limit:
         opts.append(f"--memory {shlex.quote(c.memory_limit)} --memory-swap {shlex.quote(c.memory_limit)}")
     for name, (soft, hard) in c.ulimits.items():
-        opts.append(f"--ulimit {name}={soft}:{hard}")
+        if not _ULIMIT_NAME.fullmatch(name):
+            raise UserError(f"cannot render ulimit {name!r}: not a ulimit name")
+        opts.append(f"--ulimit {name}={int(soft)}:{int(hard)}")
     for dev in c.devices:
-        opts.append(f"--device {shlex.quote(dev)}")
+        opts.append(f"--device {shlex.quote(_not_a_flag(dev, 'device'))}")
     for m in c.mounts:
-        spec = f"{m.source}:{m.target}" + (":ro" if m.read_only else "")
-        opts.append(f"-v {shlex.quote(spec)}")
+        opts.append(f"-v {shlex.quote(_bind_spec(m.source, m.target, m.read_only))}")
     for k, v in plan.env.items():
-        opts.append(f"-e {shlex.quote(f'{k}={v}')}")
+        opts.append(f"-e {shlex.quote(f'{_env_key(k)}={v}')}")
     if plan.model.needs_token:
         opts.append("-e HF_TOKEN")
+    if plan.api_key_file:
+        opts.append(f"--env-file {shlex.quote(plan.api_key_file)}")
     for k, v in c.labels.items():
         opts.append(f"--label {shlex.quote(f'{k}={v}')}")
     opts.append(f"--entrypoint {shlex.quote(plan.argv[0])}")
-    opts.append(shlex.quote(c.image))
+    opts.append(shlex.quote(_not_a_flag(c.image, "image")))
     rest = _arg_lines(list(plan.argv[1:]))
     lines = [opts[0]] + ["  " + o for o in opts[1:]] + ["  " + r for r in rest]
     return header + _CONT.join(lines) + "\n"
 
 
-def _compose_escape(value: str) -> str:
-    return value.replace("$", "$$")  # compose interpolates ${...}; the engine must see the literal
+def _compose_escape(value: Any) -> Any:
+    """Every string in a compose value with `$` doubled: compose interpolates `$VAR` and `${...}` in
+    any string field (image, container_name, devices, volume sources...), the engine must see the literal."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: _compose_escape(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_compose_escape(v) for v in value]
+    return value
 
 
 def compose_project_name(name: str) -> str:
@@ -126,7 +194,7 @@ def render_compose(plan: Plan) -> str:
     service: dict[str, Any] = {
         "image": c.image,
         "container_name": c.name,
-        "entrypoint": [_compose_escape(a) for a in plan.argv],
+        "entrypoint": list(plan.argv),
     }
     if c.network_host:
         service["network_mode"] = "host"
@@ -142,6 +210,9 @@ def render_compose(plan: Plan) -> str:
     if c.ulimits:
         service["ulimits"] = {name: {"soft": soft, "hard": hard} for name, (soft, hard) in c.ulimits.items()}
     if c.devices:
+        for d in c.devices:
+            if ":" in d:
+                raise UserError(f"cannot render device {d!r}: compose cannot take a path with ':'")
         service["devices"] = [f"{d}:{d}" for d in c.devices]
     if c.mounts:
         service["volumes"] = [
@@ -154,11 +225,11 @@ def render_compose(plan: Plan) -> str:
             }
             for m in c.mounts
         ]
-    env = {k: _compose_escape(v) for k, v in plan.env.items()}
-    if plan.model.needs_token:
-        env["HF_TOKEN"] = "${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"
-    if env:
+    env = {_env_key(k): v for k, v in plan.env.items()}
+    if env or plan.model.needs_token:
         service["environment"] = env
+    if plan.api_key_file:  # compose reads the key from the 0600 file; it is never inline
+        service["env_file"] = [plan.api_key_file]
     if c.labels:
         service["labels"] = dict(c.labels)
     if c.gpus:
@@ -180,7 +251,10 @@ def render_compose(plan: Plan) -> str:
         "retries": 3,
         "start_period": f"{int(plan.health_timeout_s)}s",
     }
-    service["restart"] = "no"
+    service["restart"] = c.restart_policy
+    service = _compose_escape(service)
+    if plan.model.needs_token:  # the one deliberate interpolation: the token comes from the caller's shell
+        service["environment"]["HF_TOKEN"] = "${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"
     doc = {"name": compose_project_name(c.name), "services": {plan.recipe_name.replace(".", "-"): service}}
     header = (
         f"# docker-compose file for the sparkctl recipe {plan.recipe_name} (recipe hash {plan.recipe_hash[:12]}).\n"
@@ -188,9 +262,14 @@ def render_compose(plan: Plan) -> str:
         "#   docker compose -f <this file> up -d\n"
         f"# then the OpenAI API is at {plan.base_url}/v1 once the healthcheck passes.\n"
     )
+    header = "".join(_comment(line) + "\n" for line in header.splitlines())
     for note in plan.notes:
-        header += f"# note: {note}\n"
+        header += _comment(f"# note: {note}") + "\n"
     for warning in plan.warnings:
-        header += f"# warning: {warning}\n"
+        header += _comment(f"# warning: {warning}") + "\n"
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100_000, allow_unicode=True)
+    if yaml.safe_load(body) != doc:
+        # PyYAML's emitter writes some characters raw that its reader folds (NEL, U+2028 in a plain or
+        # single-quoted scalar); escaped ASCII output reads back exactly.
+        body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100_000)
     return header + body

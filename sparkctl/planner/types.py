@@ -36,6 +36,8 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     devices: tuple[str, ...] = ()  # host device paths passed through (e.g. /dev/infiniband for RDMA)
     memory_limit: str | None = None  # cgroup cap, docker's --memory (e.g. "112g")
+    # "unless-stopped" with `up --persist`: the daemon starts it again after a reboot or a crash
+    restart_policy: Literal["no", "unless-stopped"] = "no"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class Plan:
     device: Literal["cuda", "cpu"] = "cuda"
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # things to know that are not problems (e.g. start Ray on both nodes first)
+    # The env file (paths.api_key_file, 0600) that hands the API key to the engine; None: no key. Only the
+    # path is in a plan: a key is never on a command line, in a log or in a rendered file.
+    api_key_file: str | None = None
+    # memory.watchdog: (floor bytes, sample interval s); `up` starts sparkctl.watchdog once healthy
+    watchdog: tuple[int, float] | None = None
 
     @property
     def base_url(self) -> str:

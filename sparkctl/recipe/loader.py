@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import UserError
-from sparkctl.recipe.yamlpos import Origin, Path_, parse_yaml
+from sparkctl.recipe.yamlpos import MAX_DEPTH, Origin, Path_, parse_yaml
 
 MAX_EXTENDS_DEPTH = 16
 
@@ -84,8 +84,14 @@ def resolve_source(name_or_path: str, *, relative_to: Path | None = None) -> Pat
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[Path_, Origin]]:
+    from sparkctl.recipe.yamlpos import MAX_TEXT_BYTES
+
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:  # bounded: a recipe path may name a huge file or /dev/zero
+            blob = fh.read(MAX_TEXT_BYTES + 1)
+        if len(blob) > MAX_TEXT_BYTES:
+            raise UserError(f"{path}: larger than {MAX_TEXT_BYTES:,} bytes; not a recipe")
+        text = blob.decode("utf-8")
     except OSError as exc:
         raise UserError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -163,20 +169,29 @@ def _load_layers(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], d
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
     """`serve.max_model_len=32768` -> (("serve", "max_model_len"), 32768); the value is parsed as YAML."""
-    import yaml
-
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise UserError(f"--set {text!r}: expected key.path=value", hint="e.g. --set serve.port=8100")
+        raise UserError(f"{_set_label(text)}: expected key.path=value", hint="e.g. --set serve.port=8100")
     parts = tuple(key.split("."))
     if any(not p for p in parts):
-        raise UserError(f"--set {text!r}: empty segment in key path {key!r}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise UserError(f"--set {text!r}: value is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise UserError(f"{_set_label(text)}: empty segment in key path")
+    if len(parts) > MAX_DEPTH:
+        raise UserError(f"{_set_label(text)}: key path deeper than {MAX_DEPTH} levels")
+    if not raw.strip():
+        return parts, ""
+    # The same parser (and limits) as a recipe file: a tag with a bad value, a 5000-digit integer or an
+    # anchor bomb in --set is one located line, like in a file.
+    value, _ = parse_yaml(raw, _set_label(text))
     return parts, value
+
+
+def _set_label(text: str) -> str:
+    """How an error names a --set: in full, unless it is too long to read on one line."""
+    if len(text) <= 120:
+        return f"--set {text!r}"
+    key = text.partition("=")[0][:60]
+    return f"--set {key}=<{len(text) - len(key) - 1:,} characters>"
 
 
 def apply_overrides(
@@ -184,7 +199,9 @@ def apply_overrides(
 ) -> dict[str, Any]:
     for text in overrides:
         parts, value = parse_override(text)
-        origin = Origin(f"--set {text}")
+        label = _set_label(text)
+        # where a validation error points: the plain text when it reads as one line, else its repr
+        origin = Origin(label.replace(repr(text), text) if text.isprintable() else label)
         node: Any = data
         for i, part in enumerate(parts[:-1]):
             nxt = node.get(part)
@@ -193,7 +210,7 @@ def apply_overrides(
                 node[part] = nxt
             elif not isinstance(nxt, dict):
                 where = ".".join(parts[: i + 1])
-                raise UserError(f"--set {text!r}: {where} is not a mapping, cannot set {'.'.join(parts)}")
+                raise UserError(f"{_set_label(text)}: {where} is not a mapping, cannot set {'.'.join(parts)}")
             node = nxt
             positions.setdefault(parts[: i + 1], origin)
         _drop_positions(positions, parts)
@@ -236,10 +253,18 @@ def validate_data(data: dict[str, Any], positions: dict[Path_, Origin], source: 
     except ValidationError as exc:
         located = [_format_error(err, positions, source) for err in _merge_union_errors(exc.errors(), data)]
         located.sort(key=lambda item: item[0])
-        lines = [text for _, text in located]
+        lines = [one_line(text) for _, text in located]
         first, rest = lines[0], lines[1:]
         message = first if not rest else first + "".join(f"\n  {line}" for line in rest)
         raise UserError(message, hint="`sparkctl schema` prints every field with its description") from None
+
+
+def one_line(text: str) -> str:
+    """A message with the user's keys and values in it, kept to one line: a key holding a newline or a
+    vertical tab must not start a second line that reads like another message."""
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode() for ch in text
+    )
 
 
 def _data_loc(loc: Path_, data: Any, kind: str) -> tuple[Path_, Path_]:

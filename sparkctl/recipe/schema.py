@@ -8,6 +8,8 @@ silently ignored setting that turns into a default.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -16,13 +18,50 @@ GiB = 1024**3
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 
+# Names that end up as words of a command line or a compose file. They are quoted wherever they are
+# rendered, but a name that is not a name (`A;touch x`, `x=1:1 -v /:/host`) is a mistake or an attack:
+# refused here, with the rule, before anything is planned.
+ENV_KEY_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"  # POSIX shell variable names
+# docker's --ulimit names (github.com/docker/go-units ulimit.go)
+ULIMIT_NAMES = (
+    "core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss",
+    "rtprio", "rttime", "sigpending", "stack",
+)  # fmt: skip
+DEVICE_PATTERN = r"/dev(/[A-Za-z0-9_.+-]+)+"  # a host device node or directory, no ':' (docker's separator)
+# A Docker image reference: [registry[:port]/]path[:tag][@digest]; never starting with '-' (a flag).
+IMAGE_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[a-z0-9]+:[a-f0-9]{32,})?"
+CONTAINER_NAME_PATTERN = r"[a-zA-Z0-9][a-zA-Z0-9_.-]*"  # docker's own rule for --name
+HOSTNAME_PATTERN = r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+NETDEV_PATTERN = r"[A-Za-z0-9_.:-]{1,15}"  # Linux interface names (IFNAMSIZ 16)
+
+
+def check_host(value: str, what: str = "host") -> str:
+    """An IP address or a DNS name: what a server binds to or a peer is reached at, nothing more."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not re.fullmatch(HOSTNAME_PATTERN, value):
+        raise ValueError(f"{what} {value!r} is not an IP address or a host name")
+    return value
+
+
+def _check_path_text(value: str, what: str) -> str:
+    """A path docker can bind: no ':' or ',' (its -v / --mount separators), no control characters."""
+    if not value or re.search(r"[:,\x00-\x1f\x7f]", value):
+        raise ValueError(f"{what} {value!r} must be a path without ':', ',' or control characters")
+    return value
+
+
 Scalar = str | int | float | bool
 
 
 class Strict(BaseModel):
-    """Base: unknown keys are errors, values are not coerced across types (a string is not a number)."""
+    """Base: unknown keys are errors, values are not coerced across types (a string is not a number),
+    and no float is inf or nan (`.inf` seconds would overflow every timer and file it reaches)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class KVGeometry(Strict):
@@ -472,6 +511,22 @@ class ServeSpec(Strict):
         str, Field(default="127.0.0.1", description="Address to listen on (0.0.0.0 to serve the LAN).")
     ]
     port: Annotated[int, Field(default=8000, gt=0, lt=65536, description="TCP port of the OpenAI API.")]
+    api_key_file: Annotated[
+        str | None,
+        Field(
+            default=None,
+            description="A file holding the API key clients must send (Bearer token). Given to the engine "
+            "through its environment, never on its command line; see also `up --api-key`.",
+        ),
+    ]
+    no_auth: Annotated[
+        bool,
+        Field(
+            default=False,
+            description="Serve a non-loopback host without an API key (`up --no-auth`). Refused otherwise: "
+            "anyone on the network could use the server.",
+        ),
+    ]
     served_model_name: Annotated[
         str | None, Field(default=None, description="Model name clients send; defaults to the recipe name.")
     ]
@@ -480,6 +535,7 @@ class ServeSpec(Strict):
         Field(
             default=1800.0,
             gt=0,
+            le=7 * 86400,
             description="How long `up` waits for /health; a 91 GiB EXL3 pack loads in ~12 min from cold NVMe.",
         ),
     ]
@@ -579,6 +635,11 @@ class ServeSpec(Strict):
         Field(default_factory=FreeTokenOptions, description="FreeToken options (freetoken recipes only)."),
     ]
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return check_host(value, "serve.host")
+
     @model_validator(mode="after")
     def _consistent(self) -> ServeSpec:
         if self.gpu_memory_utilization is not None and self.kv_cache_memory_bytes is not None:
@@ -622,6 +683,22 @@ class LoadSpec(Strict):
             description="Drop the shards from the page cache once the server holds the weights (unified "
             "memory: cached pages count against the GPU's free memory).",
         ),
+    ]
+
+
+class WatchdogSpec(Strict):
+    """Stop the server cleanly before unified memory runs out and the host wedges (a known Spark failure)."""
+
+    floor_bytes: Annotated[
+        int,
+        Field(
+            gt=0,
+            description="Stop the server when the host's MemAvailable falls below this many bytes (e.g. "
+            "4294967296 for 4 GiB).",
+        ),
+    ]
+    interval_s: Annotated[
+        float, Field(default=2.0, gt=0, le=3600, description="Seconds between two MemAvailable samples.")
     ]
 
 
@@ -673,6 +750,13 @@ class MemorySpec(Strict):
             description="Memory to leave to the OS, page cache and CPU side; the planner warns below this.",
         ),
     ]
+    watchdog: Annotated[
+        WatchdogSpec | None,
+        Field(
+            default=None,
+            description="While serving, sample MemAvailable and stop the server (logged) below a floor.",
+        ),
+    ]
 
 
 class ClusterSpec(Strict):
@@ -717,6 +801,26 @@ class ClusterSpec(Strict):
         ),
     ]
 
+    @field_validator("head_address")
+    @classmethod
+    def _head(cls, value: str | None) -> str | None:
+        return None if value is None else check_host(value, "cluster.head_address")
+
+    @field_validator("interface")
+    @classmethod
+    def _netdev(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(NETDEV_PATTERN, value):
+            raise ValueError(f"{value!r} is not a network interface name (e.g. enp1s0f1np1)")
+        return value
+
+    @field_validator("ib_hca")
+    @classmethod
+    def _hcas(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(NETDEV_PATTERN, name):
+                raise ValueError(f"{name!r} is not an RDMA device name (e.g. rocep1s0f1)")
+        return value
+
     @model_validator(mode="after")
     def _shape(self) -> ClusterSpec:
         ranks = self.tensor_parallel * self.pipeline_parallel
@@ -733,6 +837,19 @@ class MountSpec(Strict):
     source: Annotated[str, Field(description="Host path (~ is expanded).")]
     target: Annotated[str, Field(description="Path inside the container.")]
     read_only: Annotated[bool, Field(default=False, description="Mount read-only.")]
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _check_path_text(value, "mount source")
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        _check_path_text(value, "mount target")
+        if not value.startswith("/"):
+            raise ValueError(f"mount target {value!r} must be an absolute path inside the container")
+        return value
 
 
 class ContainerSpecModel(Strict):
@@ -773,11 +890,39 @@ class ContainerSpecModel(Strict):
         ),
     ]
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(IMAGE_PATTERN, value):
+            raise ValueError(f"{value!r} is not a Docker image reference (e.g. sparkctl/vllm:0.33-sm121)")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(CONTAINER_NAME_PATTERN, value):
+            raise ValueError(f"container name {value!r} must be letters, digits, '_', '.' or '-'")
+        return value
+
+    @field_validator("ulimits")
+    @classmethod
+    def _ulimits(cls, value: dict[str, int]) -> dict[str, int]:
+        for name in value:
+            if name not in ULIMIT_NAMES:
+                raise ValueError(f"unknown ulimit {name!r}; valid: {', '.join(ULIMIT_NAMES)}")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: list[str]) -> list[str]:
+        for dev in value:
+            if not re.fullmatch(DEVICE_PATTERN, dev) or "/../" in dev + "/":
+                raise ValueError(f"device {dev!r} must be a path under /dev (e.g. /dev/infiniband)")
+        return value
+
     @field_validator("shm_size", "memory_limit")
     @classmethod
     def _docker_size(cls, value: str | None) -> str | None:
-        import re
-
         if value is not None and not re.fullmatch(
             r"\d+(\.\d+)?([bkmg]|[kmg]i?b)?", value, flags=re.IGNORECASE
         ):
@@ -841,11 +986,20 @@ class Recipe(Strict):
     ]
     bench: Annotated[BenchSpec, Field(default_factory=BenchSpec, description="Benchmark defaults.")]
 
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, value: dict[str, Scalar]) -> dict[str, Scalar]:
+        for key in value:
+            if not re.fullmatch(ENV_KEY_PATTERN, key):
+                raise ValueError(
+                    f"environment variable name {key!r} must be letters, digits and '_', not starting "
+                    "with a digit"
+                )
+        return value
+
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        import re
-
         if not re.fullmatch(NAME_PATTERN, value):
             raise ValueError(
                 f"recipe name {value!r} must be lowercase letters, digits, '.', '_' or '-' (it names the "

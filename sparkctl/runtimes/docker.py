@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psutil
 
 from sparkctl.atomic import write_atomic
-from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.errors import RuntimeFailure, UserError, write_failure
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
+from sparkctl.server.auth import env_of
 from sparkctl.server.ports import ensure_free
 
 if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay for it
@@ -266,7 +267,8 @@ class DockerRuntime:
             log_path,
             container_id=container.id,
             container_name=name,
-            extra={"image": spec.image, "image_id": image_id},
+            extra={"image": spec.image, "image_id": image_id}
+            | ({"api_key_file": plan.api_key_file} if plan.api_key_file else {}),
         )
 
     def _create_kwargs(self, plan: Plan, spec: ContainerSpec, name: str) -> dict[str, Any]:
@@ -302,7 +304,8 @@ class DockerRuntime:
             "name": name,
             "detach": True,
             # SPARKCTL_PORT: what the image's HEALTHCHECK probes (docker/Dockerfile).
-            "environment": {**plan.env, "SPARKCTL_PORT": str(plan.port)},
+            # the API key from its 0600 env file, like `docker run --env-file` (never in plan.env or argv)
+            "environment": {**plan.env, **env_of(plan.api_key_file), "SPARKCTL_PORT": str(plan.port)},
             "labels": labels,
             "mounts": mounts,
             "ulimits": [Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in spec.ulimits.items()],
@@ -312,6 +315,8 @@ class DockerRuntime:
             # PID 1 ignores SIGTERM, so every `down` would wait out the timeout and end in SIGKILL.
             "init": True,
         }
+        if spec.restart_policy != "no":  # `up --persist`: back after a reboot; `down` removes the container
+            kwargs["restart_policy"] = {"Name": spec.restart_policy}
         if spec.network_host:
             kwargs["network_mode"] = "host"
         else:
@@ -431,10 +436,14 @@ class DockerRuntime:
         if container is None:
             return
         segments = self._host_shm_segments(container)
+        log_failure: RuntimeFailure | None = None
         try:
             if container.status in ("running", "restarting", "paused"):
                 container.stop(timeout=max(1, int(timeout_s)))
-            self._save_log(container, state)
+            try:
+                self._save_log(container, state)
+            except RuntimeFailure as exc:  # a full disk loses the log, never leaves the container behind
+                log_failure = exc
             container.remove(force=True)
         except NotFound:
             pass  # gone meanwhile: what it left in /dev/shm is still ours to remove
@@ -444,6 +453,10 @@ class DockerRuntime:
                 hint=f"remove it by hand: docker rm -f {state.container_name or state.container_id}",
             ) from None
         remove_leftovers(segments)
+        if log_failure is not None:
+            raise RuntimeFailure(
+                f"stopped {state.recipe}, but its log was not kept: {log_failure}", hint=log_failure.hint
+            )
 
     @staticmethod
     def _host_shm_segments(container: Container) -> set[Path]:
@@ -468,8 +481,11 @@ class DockerRuntime:
         if not state.log_path:
             return
         path = Path(state.log_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, container.logs(stdout=True, stderr=True))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, container.logs(stdout=True, stderr=True))
+        except OSError as exc:  # the log is lost, the stop must still happen: `stop` goes on and says so
+            raise write_failure(path, exc) from None
 
     # -- logs ---------------------------------------------------------------------------------------
 

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import psutil
 
-from sparkctl.errors import RuntimeFailure
+from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.planner.types import Plan
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
+from sparkctl.server.auth import env_of
 
 # psutil derives start times from the boot time and the kernel's clock ticks (10 ms), so two reads of
 # the same process agree exactly; the slack only absorbs float formatting in the state file.
@@ -76,13 +77,18 @@ class NativeRuntime:
         if not plan.argv:
             raise RuntimeFailure(f"recipe {plan.recipe_name}: the plan has an empty command line")
         require_executable(plan)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **plan.env}
+        # the API key comes from its 0600 env file straight into the environment: not argv, not the log
+        env = {**os.environ, **plan.env, **env_of(plan.api_key_file)}
         # Unbuffered so the health gate's "last log line" is the server's latest, not one a pipe holds.
         env.setdefault("PYTHONUNBUFFERED", "1")
-        with open(log_path, "ab") as log:
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(log_path, "ab")  # noqa: SIM115 - closed below, after the child has its copy
             log.write(f"# sparkctl: starting {plan.recipe_name}: {shlex.join(plan.argv)}\n".encode())
             log.flush()
+        except OSError as exc:  # a full disk or a read-only state dir: said before anything runs
+            raise write_failure(log_path, exc) from None
+        with log:
             try:
                 proc = subprocess.Popen(
                     list(plan.argv),
@@ -105,7 +111,8 @@ class NativeRuntime:
             self.name,
             log_path,
             pid=proc.pid,
-            extra={"create_time": repr(create_time), "pgid": str(proc.pid), "argv": shlex.join(plan.argv)},
+            extra={"create_time": repr(create_time), "pgid": str(proc.pid), "argv": shlex.join(plan.argv)}
+            | ({"api_key_file": plan.api_key_file} if plan.api_key_file else {}),
         )
 
     def is_running(self, state: ServerState) -> bool:

@@ -12,13 +12,14 @@ import fcntl
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
 from sparkctl import paths
 from sparkctl.atomic import write_atomic
-from sparkctl.errors import RuntimeFailure
+from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.runtimes.base import ServerState
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -43,8 +44,11 @@ def log_path(recipe: str) -> Path:
 def save(state: ServerState) -> Path:
     """Write atomically (temp file, fsync, rename): a crash never leaves half a record."""
     target = state_path(state.recipe)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(target, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n", fsync=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return write_atomic(target, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n", fsync=True)
+    except OSError as exc:  # ENOSPC, EROFS: one line with the path; write_atomic left no temp file
+        raise write_failure(target, exc) from None
 
 
 def _from_dict(data: dict, source: Path) -> ServerState:
@@ -100,33 +104,117 @@ def remove(recipe: str) -> bool:
     return True
 
 
+def _lock_path(recipe: str) -> Path:
+    return paths.state_dir() / "locks" / f"{state_path(recipe).stem}.lock"
+
+
+def _open_lock(recipe: str) -> int:
+    path = _lock_path(recipe)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
+
+
+def _set_holder(fd: int, action: str) -> None:
+    """Who holds the lock, for the other side: `<pid> up` or `<pid> down` (best effort: on a full disk
+    the lock itself still holds, only `down` cannot name the `up` to interrupt)."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {action}\n".encode(), 0)
+
+
+def _holder(fd: int) -> tuple[int | None, str]:
+    try:
+        pid_text, _, action = os.pread(fd, 64, 0).decode("ascii", "replace").strip().partition(" ")
+        return int(pid_text), action
+    except ValueError:
+        return None, ""
+
+
 @contextlib.contextmanager
 def starting(recipe: str) -> Iterator[None]:
-    """Hold while `up` starts `recipe`, so two concurrent `up`s of one recipe cannot both launch.
+    """Hold while `up` starts `recipe`, so two concurrent `up`s of one recipe cannot both launch, and a
+    `down` knows there is an `up` to stop (`stopping`).
 
     Without it the loser's clean-up would remove the winner's state file and leak its server. A
     flock dies with its process, so a killed `up` never leaves a stale lock behind.
     """
-    lock_dir = paths.state_dir() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    path = lock_dir / f"{state_path(recipe).stem}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_lock(recipe)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            _, action = _holder(fd)
+            if action == "down":
+                raise RuntimeFailure(
+                    f"`sparkctl down {recipe}` is stopping it right now",
+                    hint=f"start it again once that is done: sparkctl up {recipe}",
+                ) from None
             raise RuntimeFailure(
                 f"another `sparkctl up {recipe}` is starting it right now",
                 hint=f"wait for it to finish, then check: sparkctl status {recipe}",
             ) from None
+        _set_holder(fd, "up")
         yield
     finally:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def stopping(recipe: str, *, wait_s: float = 60.0) -> Iterator[int | None]:
+    """Hold the recipe's lock while `down` stops it. An `up` still starting it is interrupted first
+    (SIGTERM: its own clean-up stops whatever it launched and removes the state) and waited for, so
+    `down` never answers "not running" while an `up` is about to leave a server behind.
+
+    Yields the pid of the `up` that was interrupted, or None.
+    """
+    import signal
+
+    fd = _open_lock(recipe)
+    interrupted: int | None = None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, action = _holder(fd)
+            if action == "up" and pid and pid != os.getpid():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+                    interrupted = pid
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        who = f"the `up` of {recipe} (pid {pid})" if pid else f"another sparkctl on {recipe}"
+                        raise RuntimeFailure(
+                            f"{who} did not let go within {wait_s:.0f}s",
+                            hint=f"stop it (kill {pid}), then run `sparkctl down {recipe}` again"
+                            if pid
+                            else None,
+                        ) from None
+                    time.sleep(0.1)
+        _set_holder(fd, "down")
+        yield interrupted
+    finally:
+        os.close(fd)
+
+
+def locked_recipes() -> list[str]:
+    """Recipes an `up` (or a `down`) holds the lock of right now (for `down --all`)."""
+    directory = paths.state_dir() / "locks"
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.glob("*.lock") if is_starting(p.stem))
+
+
 def is_starting(recipe: str) -> bool:
     """True while an `up` of `recipe` holds its start lock (`starting`): the server is still coming up."""
-    path = paths.state_dir() / "locks" / f"{state_path(recipe).stem}.lock"
+    path = _lock_path(recipe)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

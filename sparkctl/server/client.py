@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from sparkctl.errors import RuntimeFailure
+from sparkctl.server.auth import headers
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ def probe_health(base_url: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def list_models(base_url: str, *, timeout_s: float = 5.0) -> list[str]:
+def list_models(base_url: str, *, timeout_s: float = 5.0, api_key: str | None = None) -> list[str]:
     """Ids from GET /v1/models; raises httpx errors to the caller (the health gate retries them)."""
-    resp = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
+    resp = httpx.get(f"{base_url}/v1/models", timeout=timeout_s, headers=headers(api_key))
     resp.raise_for_status()
     return [m["id"] for m in resp.json().get("data", [])]
 
@@ -58,11 +59,14 @@ def chat(
     max_tokens: int = 16,
     temperature: float = 0.0,
     timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> ChatResult:
     """One non-streamed chat completion; a non-200 or a malformed body is a RuntimeFailure."""
     body = _chat_body(model, message, max_tokens, temperature)
     try:
-        resp = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout_s)
+        resp = httpx.post(
+            f"{base_url}/v1/chat/completions", json=body, timeout=timeout_s, headers=headers(api_key)
+        )
     except httpx.HTTPError as exc:
         raise RuntimeFailure(f"chat request to {base_url} failed: {exc}") from exc
     if resp.status_code != 200:
@@ -92,11 +96,14 @@ def stream_chat(
     max_tokens: int = 64,
     temperature: float = 0.7,
     timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> Iterator[str]:
     """Yield content pieces of a streamed chat completion as the server sends them (SSE)."""
     body = _chat_body(model, message, max_tokens, temperature) | {"stream": True}
     try:
-        with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=timeout_s) as resp:
+        with httpx.stream(
+            "POST", f"{base_url}/v1/chat/completions", json=body, timeout=timeout_s, headers=headers(api_key)
+        ) as resp:
             if resp.status_code != 200:
                 resp.read()
                 raise RuntimeFailure(

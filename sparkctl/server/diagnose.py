@@ -1,7 +1,9 @@
 """Turn a failed start-up's log into a hint: the few causes that account for most failed launches.
 
-Patterns are matched against the whole log, most specific first, and every distinct cause found is
-reported; a server that ran out of memory *because* the KV cache was too big should say both.
+Patterns are matched against the whole log (not only the tail shown to the user: vLLM's root cause,
+such as a truncated shard, is often hundreds of lines above the last traceback), most specific first,
+and every distinct cause found is reported with the log line that shows it; a server that ran out of
+memory *because* the KV cache was too big should say both.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ def _c(name: str, pattern: str, hint: str) -> Cause:
 
 
 CAUSES: tuple[Cause, ...] = (
+    _c(
+        "truncated weights",
+        r"SafetensorError|not fully covered|Error while deserializing header|MetadataIncompleteBuffer|"
+        r"(?:gguf|GGUF).*(?:truncated|unexpected end|failed to read)",
+        "a weight file is truncated or corrupt (an interrupted download?): delete it and fetch the model "
+        "again (`sparkctl up` re-downloads what is missing)",
+    ),
     _c(
         "port in use",
         r"address already in use|errno 98\b",
@@ -100,15 +109,41 @@ CAUSES: tuple[Cause, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Finding:
+    cause: Cause
+    line: str  # the first log line that matched
+
+
+def find_causes(lines: Iterable[str]) -> list[Finding]:
+    """Each cause whose pattern occurs in `lines`, with its first matching line, in CAUSES order.
+
+    One pass over the lines (a log can be hundreds of thousands of them); every pattern is about one
+    line, so nothing is missed by not joining them.
+    """
+    first: dict[str, str] = {}
+    for line in lines:
+        for cause in CAUSES:
+            if cause.name not in first and cause.pattern.search(line):
+                first[cause.name] = line
+        if len(first) == len(CAUSES):
+            break
+    return [Finding(c, first[c.name]) for c in CAUSES if c.name in first]
+
+
 def diagnose(lines: Iterable[str]) -> list[Cause]:
     """Distinct causes whose pattern occurs in `lines`, in CAUSES order (most specific first)."""
-    text = "\n".join(lines)
-    return [cause for cause in CAUSES if cause.pattern.search(text)]
+    return [f.cause for f in find_causes(lines)]
+
+
+def _excerpt(line: str, width: int = 160) -> str:
+    line = " ".join(line.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def hint_for(lines: Iterable[str], *, fallback: str) -> str:
-    """One hint line: the causes found, or `fallback` when nothing matched."""
-    found = diagnose(lines)
+    """One hint line: the causes found (each with the log line that shows it), or `fallback`."""
+    found = find_causes(lines)
     if not found:
         return fallback
-    return "; ".join(f"{c.name}: {c.hint}" for c in found[:2])
+    return "; ".join(f"{f.cause.name}: {f.cause.hint} (log: {_excerpt(f.line)})" for f in found[:2])

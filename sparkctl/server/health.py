@@ -18,7 +18,8 @@ from sparkctl.errors import RuntimeFailure
 from sparkctl.server import client
 from sparkctl.server.diagnose import hint_for
 
-LOG_TAIL_LINES = 50
+LOG_TAIL_LINES = 50  # shown to the user
+DIAGNOSE_LINES = 200_000  # scanned for a known cause: the root cause is rarely in the last 50
 
 
 class StartupFailed(RuntimeFailure):
@@ -56,6 +57,7 @@ def wait_healthy(
     last_lines: Callable[[int], list[str]],
     on_tick: Callable[[Tick], None] | None = None,
     poll_s: float = 0.5,
+    api_key: str | None = None,
 ) -> float:
     """Block until `base_url` is healthy and serves `model`; return the seconds it took.
 
@@ -69,24 +71,26 @@ def wait_healthy(
             elapsed = time.monotonic() - t0
             detail = exit_detail()
             if detail is not None:
-                tail = last_lines(LOG_TAIL_LINES)
+                log = last_lines(DIAGNOSE_LINES)
+                tail = log[-LOG_TAIL_LINES:]
                 raise ServerExited(
                     f"{label} stopped during start-up after {elapsed:.0f}s: {detail}",
                     hint=hint_for(
-                        tail, fallback=f"the log lines above say why; all of them: sparkctl logs {label}"
+                        log, fallback=f"the log lines above say why; all of them: sparkctl logs {label}"
                     ),
                     log_tail=tail,
                 )
             if _ok(http, f"{base_url}/health"):
                 phase = "loading"
                 try:
-                    seen_models = client.list_models(base_url, timeout_s=2.0)
+                    seen_models = client.list_models(base_url, timeout_s=2.0, api_key=api_key)
                 except (httpx.HTTPError, ValueError, KeyError, TypeError):
                     seen_models = []
                 if model in seen_models:
                     return time.monotonic() - t0
             if elapsed >= timeout_s:
-                tail = last_lines(LOG_TAIL_LINES)
+                log = last_lines(DIAGNOSE_LINES)
+                tail = log[-LOG_TAIL_LINES:]
                 if seen_models:
                     what = f"it serves {', '.join(seen_models)}, not {model}"
                 elif phase == "loading":
@@ -96,7 +100,7 @@ def wait_healthy(
                 raise HealthTimeout(
                     f"{label} was not healthy within {timeout_s:.0f}s: {what}",
                     hint=hint_for(
-                        tail,
+                        log,
                         fallback="the server may just be slow to load: raise serve.health_timeout_s, "
                         f"or watch it with sparkctl logs -f {label}",
                     ),
@@ -108,10 +112,17 @@ def wait_healthy(
             time.sleep(poll_s)
 
 
-def smoke_test(base_url: str, model: str, *, timeout_s: float = 120.0) -> client.ChatResult:
+def smoke_test(
+    base_url: str, model: str, *, timeout_s: float = 120.0, api_key: str | None = None
+) -> client.ChatResult:
     """One real, non-streamed chat completion: proves the model generates, not just that HTTP answers."""
     result = client.chat(
-        base_url, model, "Say hello in one short sentence.", max_tokens=12, timeout_s=timeout_s
+        base_url,
+        model,
+        "Say hello in one short sentence.",
+        max_tokens=12,
+        timeout_s=timeout_s,
+        api_key=api_key,
     )
     if result.completion_tokens < 1:
         raise RuntimeFailure(

@@ -29,7 +29,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=43435aff8e7e1e8a93fcb9e08daa90ade786848d62bfc11dd6eb43e58d6e8faf \
+  --label io.sparkctl.recipe-hash=9b510ec3cbb68a4b32a3ef0e4d62612bf737f7ea64eb1206a04ed8642f81090d \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-4bpw-2x \

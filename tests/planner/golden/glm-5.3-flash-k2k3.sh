@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=1a3e568b7145f51b08696d5b9b392bc46e4f46c0bcad0318abe1552c67391703 \
+  --label io.sparkctl.recipe-hash=7a6f08438ccc2151679c298fdb5cef11fc9af3206d93e535a928efd8c9a4d524 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-k2k3 \
