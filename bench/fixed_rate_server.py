@@ -38,6 +38,10 @@ class FixedRateServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            # TCP_NODELAY, as uvicorn sets it for vLLM: with Nagle on, the first token waited ~20 ms for
+            # the ACK of the role chunk, and every request read 3-4 % fast (t_first late, t_last not).
+            disable_nagle_algorithm = True
+
             def log_message(self, *a: Any) -> None:
                 pass
 
