@@ -76,7 +76,7 @@ def site_cuda_root() -> Path | None:
 
 
 def main() -> int:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036  (the base image's Python, not ours)
         sys.exit(f"ensure_deps: Python {sys.version.split()[0]} is too old; the image needs >= 3.11")
     report: list[str] = [f"python: {sys.version.split()[0]}"]
     todo: list[str] = []
@@ -90,12 +90,16 @@ def main() -> int:
         check_or_plan("ray", arg("RAY_VERSION"), todo, report)
     nvcc = nvcc_path()
     if nvcc is None:
-        todo.append(f"nvidia-cuda-nvcc=={arg('NVCC_VERSION')}")
-        report.append("nvcc: missing, installing the nvidia-cuda-nvcc wheel")
+        # the toolkit release torch itself pins, so nvcc, its nvvm and headers match torch's CUDA libraries
+        todo.append(f"cuda-toolkit[nvcc]=={arg('CUDA_TOOLKIT_VERSION')}")
+        report.append("nvcc: missing, installing cuda-toolkit[nvcc] (PyPI)")
     else:
         report.append(f"nvcc: {nvcc}")
+    if not (shutil.which("cuobjdump") or (nvcc and Path(nvcc).with_name("cuobjdump").is_file())):
+        todo.append(f"nvidia-cuda-cuobjdump=={arg('CUOBJDUMP_VERSION')}")
+        report.append("cuobjdump: missing, installing the nvidia-cuda-cuobjdump wheel")
     if todo:
-        cmd = [*PIP, "--extra-index-url", arg("TORCH_INDEX_URL"), *todo]
+        cmd = [*PIP, *todo]
         print("ensure_deps: " + " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
     if nvcc is None:
@@ -104,7 +108,7 @@ def main() -> int:
         root = site_cuda_root()
         cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
         if root is None or not (root / "bin" / "nvcc").is_file():
-            sys.exit("ensure_deps: nvidia-cuda-nvcc installed no nvidia/cu13/bin/nvcc")
+            sys.exit("ensure_deps: cuda-toolkit[nvcc] installed no nvidia/cu13/bin/nvcc")
         if not cuda_home.exists():
             cuda_home.symlink_to(root, target_is_directory=True)
         if not (root / "lib64").exists() and (root / "lib").is_dir():
@@ -114,7 +118,9 @@ def main() -> int:
     cuda = torch.version.cuda or "none"
     want_cuda = arg("CUDA_VERSION")
     if cuda.split(".")[0] != want_cuda.split(".")[0]:
-        sys.exit(f"ensure_deps: torch {torch.__version__} is built for CUDA {cuda}, the image needs {want_cuda}")
+        sys.exit(
+            f"ensure_deps: torch {torch.__version__} is built for CUDA {cuda}, the image needs {want_cuda}"
+        )
     report.append(f"torch CUDA: {cuda}")
     subprocess.run([nvcc_path() or "nvcc", "--version"], check=True)
     print("ensure_deps:\n  " + "\n  ".join(report))

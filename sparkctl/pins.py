@@ -4,7 +4,8 @@ The image build reads these (build args), `sparkctl show` prints them, `doctor` 
 labels of the image a recipe names, and the recipe schema refuses a recipe pin that contradicts them:
 a pin written once per engine release cannot drift between four recipes, a Dockerfile and a README.
 Facts are from the wheels' own metadata (vLLM 0.33.0 `Requires-Dist: torch==2.14.0`,
-`flashinfer-python==0.7.2.post1`, `Requires-Python: >=3.11,<3.15`).
+`flashinfer-python==0.7.2.post1`, `Requires-Python: <3.15,>=3.11`; PyPI's torch 2.14.0 is the cu130 build:
+its `torch/version.py` says cuda = '13.0', so no extra index is needed).
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ class EnginePins:
     flashinfer: str
     cuda: str  # CUDA major.minor the torch build targets (torch.version.cuda)
     python: str  # the Python the Spark image runs (the wheels accept >= 3.11)
-    nvcc: str  # PyPI nvidia-cuda-nvcc, used when the base image has no nvcc
+    cuda_toolkit: (
+        str  # PyPI cuda-toolkit (torch 2.14.0 pins 13.0.3); its [nvcc] extra when the base has no nvcc
+    )
     ninja: str
     ray: str  # two-node serving; vLLM declares no ray pin, this is the version we test with
-    torch_index: str  # where the CUDA build of torch comes from when the base has none
+    cuobjdump: str  # PyPI nvidia-cuda-cuobjdump (the smoke test reads the kernels' SASS); 13.2 is its oldest
 
     def components(self) -> dict[str, str]:
         """component -> version, what labels and recipe pins are compared on."""
         d = asdict(self)
-        for key in ("engine", "version", "torch_index"):
+        for key in ("engine", "version"):
             d.pop(key)
         return {self.engine: self.version, **d}
 
@@ -42,10 +45,10 @@ class EnginePins:
             "TORCH_VERSION": self.torch,
             "FLASHINFER_VERSION": self.flashinfer,
             "CUDA_VERSION": self.cuda,
-            "NVCC_VERSION": self.nvcc,
+            "CUDA_TOOLKIT_VERSION": self.cuda_toolkit,
             "NINJA_VERSION": self.ninja,
             "RAY_VERSION": self.ray,
-            "TORCH_INDEX_URL": self.torch_index,
+            "CUOBJDUMP_VERSION": self.cuobjdump,
         }
 
     def labels(self) -> dict[str, str]:
@@ -60,10 +63,10 @@ _PINS = (
         flashinfer="0.7.2.post1",
         cuda="13.0",
         python="3.12",
-        nvcc="13.0.88",
+        cuda_toolkit="13.0.3",
         ninja="1.13.2",
         ray="2.60.0",
-        torch_index="https://download.pytorch.org/whl/cu130",
+        cuobjdump="13.2.51",
     ),
 )
 PINS: dict[tuple[str, str], EnginePins] = {(p.engine, p.version): p for p in _PINS}

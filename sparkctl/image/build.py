@@ -145,7 +145,7 @@ def build(
     current = 0
     try:
         stream = client.api.build(
-            fileobj=spec.tar(),
+            fileobj=spec.tar(files),
             custom_context=True,
             dockerfile=spec.dockerfile,
             tag=tag,

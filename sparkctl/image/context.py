@@ -59,12 +59,12 @@ class BuildSpec:
         paths = exclude_paths(str(self.context), self.ignore_patterns(), dockerfile=self.dockerfile)
         return sorted(p for p in paths if (self.context / p).is_file())
 
-    def tar(self) -> io.BytesIO:
-        """The build context as an uncompressed tar, honouring the ignore file (docker-py reads only a
-        top-level .dockerignore, so the context is made here and sent as a custom context)."""
-        from docker.utils.build import tar
+    def tar(self, files: list[str] | None = None) -> io.BytesIO:
+        """The build context as an uncompressed tar of exactly `files()` (the list the hash covers);
+        docker-py reads only a top-level .dockerignore, so the context is made here and sent as is."""
+        from docker.utils.build import create_archive
 
-        f = tar(str(self.context), exclude=self.ignore_patterns(), dockerfile=self.dockerfile)
+        f = create_archive(str(self.context), files=files if files is not None else self.files())
         return io.BytesIO(f.read())
 
 

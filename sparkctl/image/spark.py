@@ -57,7 +57,9 @@ def spark_spec(
         if recipe.engine.name != "vllm":
             raise UserError(f"{recipe.name} uses {recipe.engine.name}; sparkctl build makes the vLLM image")
         if recipe.runtime != "docker" or not recipe.container or not recipe.container.image:
-            raise UserError(f"{recipe.name} does not run in a container (runtime {recipe.runtime}): nothing to build")
+            raise UserError(
+                f"{recipe.name} does not run in a container (runtime {recipe.runtime}): nothing to build"
+            )
         found = pins_for("vllm", recipe.engine.version)
         if found is None:
             raise UserError(
