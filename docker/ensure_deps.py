@@ -101,7 +101,8 @@ def main() -> int:
     if todo:
         cmd = [*PIP, *todo]
         print("ensure_deps: " + " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        if subprocess.run(cmd).returncode != 0:
+            sys.exit("ensure_deps: pip could not install the pinned wheels (its error is above)")
     if nvcc is None:
         # the wheel's toolkit (bin/nvcc + include + lib) becomes CUDA_HOME, where torch's extension
         # builder and FlashInfer's JIT look for it

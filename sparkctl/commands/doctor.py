@@ -18,11 +18,12 @@ from sparkctl.commands.options import json_option, set_option
     "only",
     multiple=True,
     metavar="CHECK",
-    help="Run only this check (repeatable): arch, gpu, driver, docker, nvidia-runtime, memory, disk, hf-token.",
+    help="Run only this check (repeatable): arch, gpu, driver, docker, nvidia-runtime, image, memory, disk, hf-token.",
 )
 @json_option
 def doctor_cmd(recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...], as_json: bool) -> int:
-    """Check the host: arch, GPU, driver/CUDA, Docker and the NVIDIA runtime, memory, disk, HF token.
+    """Check the host: arch, GPU, driver/CUDA, Docker and the NVIDIA runtime, the recipe's image (present,
+    labelled with the pinned versions), memory, disk, HF token.
 
     With RECIPE, the checks are scoped to what that recipe needs (its runtime, device, memory plan
     and model size); without it, a general check-up that says what is missing for a Spark recipe.

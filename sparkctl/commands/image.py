@@ -126,7 +126,9 @@ def _say_result(result: Any) -> None:
 @click.option("--base", metavar="IMAGE", help="Base image (default: docker/README.md, Choosing the base).")
 @click.option("--arch", default="12.1", show_default=True, help="CUDA compute capability to compile for.")
 @click.option("--no-cache", "nocache", is_flag=True, help="Rebuild every step, even when the inputs match.")
-@click.option("--push", "registry", metavar="REGISTRY", help="Also push the image to REGISTRY (host[:port]/path).")
+@click.option(
+    "--push", "registry", metavar="REGISTRY", help="Also push the image to REGISTRY (host[:port]/path)."
+)
 @json_option
 def build_cmd(
     recipe: str | None,
@@ -217,7 +219,9 @@ def image_rm(images: tuple[str, ...], force: bool) -> None:
 
 @image_group.command("save")
 @click.argument("image")
-@click.option("--to", "host", required=True, metavar="HOST", help="ssh destination ([user@]host) to load it on.")
+@click.option(
+    "--to", "host", required=True, metavar="HOST", help="ssh destination ([user@]host) to load it on."
+)
 @click.option("--ssh", default="ssh", show_default=True, help="ssh command (with options) to reach HOST.")
 def image_save(image: str, host: str, ssh: str) -> None:
     """Ship IMAGE to HOST: docker save | ssh HOST docker load, streamed (for the second Spark, offline boxes)."""
@@ -226,4 +230,6 @@ def image_save(image: str, host: str, ssh: str) -> None:
 
     t0 = time.monotonic()
     sent = save_to_host(connect(timeout_s=60), image, host, ssh=ssh)
-    output.text(f"loaded {image} on {host} ({sent / 2**30:.2f} GiB in {time.monotonic() - t0:.0f}s)", err=True)
+    output.text(
+        f"loaded {image} on {host} ({sent / 2**30:.2f} GiB in {time.monotonic() - t0:.0f}s)", err=True
+    )

@@ -41,6 +41,18 @@ class RichReporter:
         self.console.print(f"[yellow]![/] {escape(message)}")
 
     @contextlib.contextmanager
+    def building(self, image: str) -> Iterator[Callable[[Any], None]]:
+        from sparkctl.commands.image import BuildProgress, print_failure
+        from sparkctl.image.build import BuildFailed
+
+        try:
+            with BuildProgress() as progress:
+                yield progress
+        except BuildFailed as exc:
+            print_failure(exc)
+            raise
+
+    @contextlib.contextmanager
     def waiting(self, label: str) -> Iterator[Callable[[Any], None]]:
         from rich.markup import escape
 
@@ -109,6 +121,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     is_flag=True,
     help="Stop the recipe's running server first (applies an edited recipe, new --set values or a new port).",
 )
+@click.option("--build", is_flag=True, help="Build the recipe's image first (sparkctl build; skipped when up to date).")
 @json_option
 def up_cmd(
     recipe: str,
@@ -120,6 +133,7 @@ def up_cmd(
     force: bool,
     no_smoke: bool,
     restart: bool,
+    build: bool,
     as_json: bool,
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
@@ -140,6 +154,7 @@ def up_cmd(
         force=force,
         smoke=not no_smoke,
         restart=restart,
+        build=build,
     )
     reporter = RichReporter()
     try:

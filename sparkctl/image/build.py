@@ -32,6 +32,8 @@ from sparkctl.image.context import (
 
 TAIL_LINES = 20
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_EXIT = re.compile(r"returned a non-zero code: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ def build(
     client: Any,
     *,
     nocache: bool = False,
+    network_mode: str = "host",
     on_event: Callable[[BuildEvent], None] | None = None,
 ) -> BuildResult:
     """Build `spec` unless an image with the same inputs exists; tag the alias either way."""
@@ -157,12 +160,19 @@ def build(
             forcerm=True,
             decode=True,
             timeout=None,  # a step may print nothing for many minutes (nvcc, a big wheel)
+            # RUN steps fetch wheels: the host's network works where the engine has no bridge (CI here)
+            network_mode=network_mode,
         )
+        pending = ""  # the engine splits output anywhere; events are whole lines
         for item in stream:
             if "error" in item or "errorDetail" in item:
                 message = (item.get("errorDetail") or {}).get("message") or item.get("error") or "failed"
-                raise _failure(message.strip(), current, steps, list(tail))
-            for line in str(item.get("stream", "")).splitlines():
+                if pending.strip():
+                    tail.append(pending.rstrip())
+                raise _failure(message.strip(), current, result.steps, steps, list(tail))
+            pending += _ANSI.sub("", str(item.get("stream", "")))
+            *lines, pending = pending.split("\n")
+            for line in lines:
                 m = _STEP.match(line)
                 if m:
                     current, result.steps = int(m.group(1)), int(m.group(2))
@@ -171,7 +181,7 @@ def build(
                 elif line.strip() == "---> Using cache":
                     result.cached_steps.append(current)
                     emit(BuildEvent("cached", current, result.steps, line.strip()))
-                elif line.strip():
+                elif line.strip() and not line.startswith((" ---> ", "Removing intermediate container")):
                     tail.append(line.rstrip())
                     emit(BuildEvent("log", current, result.steps, line.rstrip()))
     except BuildFailed:
@@ -193,11 +203,16 @@ def build(
     return result
 
 
-def _failure(message: str, current: int, steps: list[Instruction], tail: list[str]) -> BuildFailed:
+def _failure(
+    message: str, current: int, total: int, steps: list[Instruction], tail: list[str]
+) -> BuildFailed:
     step = steps[current - 1] if 0 < current <= len(steps) else None
-    where = f"step {current}/{len(steps)}" if current else "before the first step"
+    where = f"step {current}/{total}" if current else "before the first step"
     if step is not None:
-        where += f" (Dockerfile line {step.line})"
+        where += f" (Dockerfile line {step.line}, {step.text.split(None, 1)[0]})"
+    code = _EXIT.search(message)
+    if code:  # the engine repeats the whole command; the line above shows it once
+        message = f"it exited with code {code.group(1)}"
     return BuildFailed(f"image build failed at {where}: {message}", step=step, tail=tail)
 
 

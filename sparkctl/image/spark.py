@@ -60,6 +60,11 @@ def spark_spec(
             raise UserError(
                 f"{recipe.name} does not run in a container (runtime {recipe.runtime}): nothing to build"
             )
+        if recipe.container.image.startswith("sparkctl-test:"):
+            raise UserError(
+                f"{recipe.name} runs the local test image {recipe.container.image}, made by `make test-image`, "
+                "not by sparkctl build"
+            )
         found = pins_for("vllm", recipe.engine.version)
         if found is None:
             raise UserError(

@@ -274,6 +274,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         device=recipe.engine.device,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        image_pins=recipe.engine.effective_pins() if recipe.runtime == "docker" else {},
     )
 
 

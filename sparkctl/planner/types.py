@@ -80,6 +80,9 @@ class Plan:
     device: Literal["cuda", "cpu"] = "cuda"
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # things to know that are not problems (e.g. start Ray on both nodes first)
+    # component -> version the container image must carry (sparkctl/pins.py + the recipe's engine.pins);
+    # doctor compares them with the image's io.sparkctl.pin.* labels. Empty for native runtimes.
+    image_pins: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
