@@ -110,7 +110,7 @@ def save_to_host(client: Any, ref: str, host: str, *, ssh: str = "ssh") -> int:
     ours(client, ref)
     argv = [*shlex.split(ssh), host, "docker", "load"]
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     except FileNotFoundError:
         raise UserError(f"{argv[0]} not found: saving to a host needs an ssh client") from None
     sent = 0
@@ -125,7 +125,9 @@ def save_to_host(client: Any, ref: str, host: str, *, ssh: str = "ssh") -> int:
     except APIError as exc:
         proc.kill()
         raise RuntimeFailure(f"docker save {ref} failed: {exc.explanation or exc}") from None
-    out, err = proc.communicate()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    proc.wait()
     if proc.returncode != 0:
         last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise RuntimeFailure(f"docker load on {host} failed (exit {proc.returncode}): {last}")
