@@ -23,6 +23,7 @@ class BuildProgress:
         self.cached = False
         self.last = ""
         self.status: Any = None
+        self.last_note = self.started
 
     def __enter__(self) -> BuildProgress:
         if self.console.is_terminal:
@@ -47,12 +48,20 @@ class BuildProgress:
         self._update()
 
     def _update(self) -> None:
-        if self.status is None or self.step is None:
+        if self.step is None:
             return
         from rich.markup import escape
 
         s = self.step
         now = time.monotonic()
+        if self.status is None:  # CI logs: a line every 30 s of a long step instead of a spinner
+            if now - self.last_note >= 30:
+                self.last_note = now
+                self.console.print(
+                    f"  … step {s.step}/{s.total} {now - self.step_started:.0f}s: {_short(self.last, 100)}",
+                    markup=False,
+                )
+            return
         self.status.update(
             f"step {s.step}/{s.total} {escape(_short(s.text, 60))} [dim]{now - self.step_started:4.0f}s "
             f"(total {now - self.started:.0f}s)  {escape(_short(self.last, 80))}[/]"
@@ -74,7 +83,7 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def run_build(recipe: Any | None, *, base: str | None, arch: str, nocache: bool) -> Any:
+def run_build(recipe: Any | None, *, base: str | None, arch: str, nocache: bool, check: bool = False) -> Any:
     """Build the Spark image for `recipe`, rendering progress; a failed step prints its log tail, then raises."""
     from sparkctl.image.build import BuildFailed, build
     from sparkctl.image.spark import spark_spec
@@ -82,6 +91,8 @@ def run_build(recipe: Any | None, *, base: str | None, arch: str, nocache: bool)
 
     spec, _ = spark_spec(recipe, base=base, arch=arch)
     client = connect(timeout_s=30)
+    if check:
+        return build(spec, client, check_only=True)
     progress = BuildProgress()
     try:
         with progress:
@@ -136,6 +147,7 @@ def build_cmd(
     base: str | None,
     arch: str,
     nocache: bool,
+    check: bool,
     registry: str | None,
     as_json: bool,
 ) -> None:
@@ -145,12 +157,20 @@ def build_cmd(
     an unchanged checkout reuses the image it built before and an edited one rebuilds only the layers
     after the change. The recipe's container.image is pointed at the result, so `sparkctl up` runs it.
     """
+    from sparkctl.image.spark import DEFAULT_RECIPE
     from sparkctl.recipe.overrides import load
 
-    from sparkctl.image.spark import DEFAULT_RECIPE
-
     r = load(recipe or DEFAULT_RECIPE, sets)
-    result = run_build(r, base=base, arch=arch, nocache=nocache)
+    result = run_build(r, base=base, arch=arch, nocache=nocache, check=check)
+    if check:
+        if as_json:
+            output.json({**result.to_json(), "up_to_date": bool(result.image_id)})
+        else:
+            state = "up to date" if result.image_id else "not built yet (these inputs have no image)"
+            output.text(f"{result.tag}: {state}")
+        if not result.image_id:
+            click.get_current_context().exit(1)
+        return
     pushed = None
     if registry:
         from sparkctl.image.build import push

@@ -121,7 +121,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     is_flag=True,
     help="Stop the recipe's running server first (applies an edited recipe, new --set values or a new port).",
 )
-@click.option("--build", is_flag=True, help="Build the recipe's image first (sparkctl build; skipped when up to date).")
+@click.option(
+    "--build", is_flag=True, help="Build the recipe's image first (sparkctl build; skipped when up to date)."
+)
 @json_option
 def up_cmd(
     recipe: str,

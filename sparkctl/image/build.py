@@ -119,15 +119,19 @@ def build(
     *,
     nocache: bool = False,
     network_mode: str = "host",
+    check_only: bool = False,
     on_event: Callable[[BuildEvent], None] | None = None,
 ) -> BuildResult:
-    """Build `spec` unless an image with the same inputs exists; tag the alias either way."""
+    """Build `spec` unless an image with the same inputs exists; tag the alias either way. `check_only`
+    builds nothing: the result says whether an image with these inputs exists (image_id empty if not)."""
     emit = on_event or (lambda _e: None)
     base = resolve_base(client, spec.base)
     files = spec.files()
     digest = input_hash(spec, base.id, files)
     tag = tag_for(spec, digest)
     found = existing(client, tag)
+    if check_only:
+        return BuildResult(tag, spec.alias, found or "", digest, base, built=False)
     if found and not nocache:
         _alias(client, found, spec.alias)
         return BuildResult(tag, spec.alias, found, digest, base, built=False)

@@ -110,7 +110,9 @@ def save_to_host(client: Any, ref: str, host: str, *, ssh: str = "ssh") -> int:
     ours(client, ref)
     argv = [*shlex.split(ssh), host, "docker", "load"]
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
     except FileNotFoundError:
         raise UserError(f"{argv[0]} not found: saving to a host needs an ssh client") from None
     sent = 0

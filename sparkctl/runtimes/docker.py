@@ -242,7 +242,8 @@ class DockerRuntime:
             )
         except ImageNotFound:
             raise RuntimeFailure(
-                f"Docker image {spec.image} not found locally", hint=image_build_hint(spec.image, plan.recipe_name)
+                f"Docker image {spec.image} not found locally",
+                hint=image_build_hint(spec.image, plan.recipe_name),
             ) from None
         except APIError as exc:
             raise RuntimeFailure(

@@ -40,9 +40,7 @@ def tiny_context(root: Path, run: str = "cat /app/a.txt") -> Path:
     (root / "app").mkdir(parents=True, exist_ok=True)
     (root / "app" / "a.txt").write_text("one\n")
     (root / "app" / "ignored.log").write_text("not part of the image\n")
-    (root / "Dockerfile").write_text(
-        f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nCOPY app/ /app/\nRUN {run}\n"
-    )
+    (root / "Dockerfile").write_text(f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nCOPY app/ /app/\nRUN {run}\n")
     (root / "Dockerfile.dockerignore").write_text("# only what the image copies\n**/*.log\n")
     return root
 
@@ -60,7 +58,9 @@ def spec_for(ctx: Path, base: str, **kw) -> BuildSpec:
     )
 
 
-def test_same_inputs_reuse_the_image_and_a_changed_input_rebuilds(docker_client, test_image, tmp_path, cleanup):
+def test_same_inputs_reuse_the_image_and_a_changed_input_rebuilds(
+    docker_client, test_image, tmp_path, cleanup
+):
     ctx = tiny_context(tmp_path)
     events = []
     first = build(spec_for(ctx, test_image), docker_client, on_event=events.append)
@@ -140,7 +140,7 @@ def test_the_real_dockerfile_fails_on_a_base_it_cannot_complete(base_without_pyt
     assert proc.returncode == 1, proc.stdout + proc.stderr
     err = proc.stderr.splitlines()
     assert err[-1].startswith("error: image build failed at step ") and err[-1].endswith(
-        "(Dockerfile line %d, RUN): it exited with code 1" % _first_run_line()
+        f"(Dockerfile line {_first_run_line()}, RUN): it exited with code 1"
     ), err[-1]
     assert sum(line.startswith("error:") for line in err) == 1
     assert any(line.startswith(f"  Dockerfile line {_first_run_line()}: RUN set -eux;") for line in err)
@@ -185,4 +185,7 @@ def test_up_with_a_missing_image_says_sparkctl_build(test_image) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.splitlines()
     assert "error: Docker image sparkctl/vllm-exl3:imagetest-absent not found locally" in lines
-    assert "hint: build it, in a sparkctl checkout: sparkctl build tiny-docker (or sparkctl up tiny-docker --build)" in lines
+    assert (
+        "hint: build it, in a sparkctl checkout: sparkctl build tiny-docker (or sparkctl up tiny-docker --build)"
+        in lines
+    )
