@@ -29,7 +29,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=7980698fe88e58e0d5e5331263d529601d6c102641c59bc98d3df1db98bc7a2e \
+  --label io.sparkctl.recipe-hash=ac2b0d1c693cf7212712066edd6a59d1b21b1d88bfa9f3e9a1fc07c065fa1282 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-4bpw-2x \

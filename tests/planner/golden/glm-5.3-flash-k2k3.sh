@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=2ad660034cc1656482a84b00b33e36db5e1e3e80fb53e98530a598a7504d2cab \
+  --label io.sparkctl.recipe-hash=8265a85dabe7f2efd04d798e1f75a2d0bcf2306350a487bcd3ed842a48f5b48c \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-k2k3 \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=cdf12aec3e9f96efb28bd6df5da63f915eae761fc0177c4018c5eaa0d83dfcfe \
+  --label io.sparkctl.recipe-hash=40b42ae93c0af409a8caef94273740b804dc664f23ff207bf1311e945cf62d6b \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=qwen3.8-flash-next \
-  --label io.sparkctl.recipe-hash=b5bae39f2c38eb17e51da76e1a510c5cbc619951c1c36e453394df121df97869 \
+  --label io.sparkctl.recipe-hash=49429cb6df6c14b051c18f446f726027e3688d955359d962c346b5722c542978 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/qwen3.8-flash-next \
