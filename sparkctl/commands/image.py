@@ -138,6 +138,9 @@ def _say_result(result: Any) -> None:
 @click.option("--arch", default="12.1", show_default=True, help="CUDA compute capability to compile for.")
 @click.option("--no-cache", "nocache", is_flag=True, help="Rebuild every step, even when the inputs match.")
 @click.option(
+    "--check", is_flag=True, help="Build nothing: exit 0 if the image for these inputs exists, 1 if not."
+)
+@click.option(
     "--push", "registry", metavar="REGISTRY", help="Also push the image to REGISTRY (host[:port]/path)."
 )
 @json_option

@@ -204,7 +204,19 @@ def build(
     if not result.image_id:
         raise RuntimeFailure(f"the build ended without an image {tag}", hint="see the engine's log")
     _alias(client, result.image_id, spec.alias)
+    if found and found != result.image_id:
+        _drop_untagged(client, found)  # a --no-cache rebuild took the tag from it
     return result
+
+
+def _drop_untagged(client: Any, image_id: str) -> None:
+    from docker.errors import APIError
+
+    try:
+        if not client.api.inspect_image(image_id).get("RepoTags"):
+            client.api.remove_image(image_id)
+    except APIError:
+        pass  # still used by a container, or already gone: nothing to tidy
 
 
 def _failure(

@@ -94,6 +94,7 @@ def test_same_inputs_reuse_the_image_and_a_changed_input_rebuilds(
 
     forced = build(spec_for(ctx, test_image, build_args={"PIN": "2"}), docker_client, nocache=True)
     assert forced.built and forced.tag == with_arg.tag and not forced.cached_steps
+    assert with_arg.image_id not in {r.id for r in list_images(docker_client)}  # no untagged leftover
 
 
 def test_a_missing_base_is_one_line(docker_client, tmp_path) -> None:
