@@ -23,7 +23,7 @@ class EnginePins:
     torch: str
     flashinfer: str
     cuda: str  # CUDA major.minor the torch build targets (torch.version.cuda)
-    python: str  # the Python the Spark image runs (the wheels accept >= 3.11)
+    python: str  # what the wheels accept (Requires-Python); the base decides which (3.12 on the Spark bases)
     cuda_toolkit: (
         str  # PyPI cuda-toolkit (torch 2.14.0 pins 13.0.3); its [nvcc] extra when the base has no nvcc
     )
@@ -62,7 +62,7 @@ _PINS = (
         torch="2.14.0",
         flashinfer="0.7.2.post1",
         cuda="13.0",
-        python="3.12",
+        python=">=3.11",
         cuda_toolkit="13.0.3",
         ninja="1.13.2",
         ray="2.60.0",
