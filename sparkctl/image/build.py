@@ -8,6 +8,7 @@ log, so the user sees the one thing that broke instead of a scrollback of pip ou
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections import deque
@@ -239,7 +240,8 @@ def _alias(client: Any, image_id: str, alias: str | None) -> None:
 
 
 def push(client: Any, tag: str, registry: str, on_line: Callable[[str], None] | None = None) -> str:
-    """Tag `tag` under `registry/` and push it; returns the pushed reference."""
+    """Tag `tag` under `registry/` and push it; returns the pushed reference. A failed push leaves no
+    registry tag behind."""
     from docker.errors import APIError
 
     target = f"{registry.rstrip('/')}/{tag}"
@@ -252,6 +254,10 @@ def push(client: Any, tag: str, registry: str, on_line: Callable[[str], None] | 
                 raise RuntimeFailure(f"push to {registry} failed: {str(message).strip()}")
             if on_line and item.get("status"):
                 on_line(f"{item.get('id', '')} {item['status']}".strip())
-    except APIError as exc:
+    except (APIError, RuntimeFailure) as exc:
+        with contextlib.suppress(APIError):
+            client.api.remove_image(target)
+        if isinstance(exc, RuntimeFailure):
+            raise
         raise RuntimeFailure(f"push to {registry} failed: {exc.explanation or exc}") from None
     return target

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from dockerkit import REPO
 
-from sparkctl.errors import UserError
-from sparkctl.image.build import BuildFailed, build
+from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.image.build import BuildFailed, build, push
 from sparkctl.image.context import HASH_LABEL, BuildSpec
 from sparkctl.image.store import list_images, remove, save_to_host
 
@@ -190,3 +190,11 @@ def test_up_with_a_missing_image_says_sparkctl_build(test_image) -> None:
         "hint: build it, in a sparkctl checkout: sparkctl build tiny-docker (or sparkctl up tiny-docker --build)"
         in lines
     )
+
+
+def test_a_failed_push_is_one_line_and_leaves_no_tag(docker_client, test_image, tmp_path, cleanup) -> None:
+    result = build(spec_for(tiny_context(tmp_path), test_image), docker_client)
+    with pytest.raises(RuntimeFailure) as err:
+        push(docker_client, result.tag, "127.0.0.1:9")  # nothing listens on the discard port
+    assert str(err.value).startswith("push to 127.0.0.1:9 failed: ") and "\n" not in str(err.value)
+    assert docker_client.api.images(name=f"127.0.0.1:9/{REPOSITORY}") == []
