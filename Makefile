@@ -97,10 +97,11 @@ golden: install ## after an intended recipe/planner change: regenerate tests/pla
 
 # lint-imports checks the layer contracts of pyproject.toml ([tool.importlinter]); `make test` checks them
 # too (tests/test_layers.py), as CI runs only that.
-lint: install ## ruff, and the import contracts between layers (lint-imports)
+lint: install ## ruff, the import contracts between layers (lint-imports), hadolint on docker/Dockerfile
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/lint-imports --no-cache
+	$(BIN)/hadolint docker/Dockerfile
 
 fmt: install
 	$(BIN)/ruff format .

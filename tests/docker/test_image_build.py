@@ -198,3 +198,15 @@ def test_a_failed_push_is_one_line_and_leaves_no_tag(docker_client, test_image, 
         push(docker_client, result.tag, "127.0.0.1:9")  # nothing listens on the discard port
     assert str(err.value).startswith("push to 127.0.0.1:9 failed: ") and "\n" not in str(err.value)
     assert docker_client.api.images(name=f"127.0.0.1:9/{REPOSITORY}") == []
+
+
+def test_up_build_refuses_the_local_test_image(test_image) -> None:
+    """`up --build` builds the Spark image a recipe names; the docker e2e recipe runs the image made by
+    `make test-image`, which sparkctl build must not overwrite: one line, exit 2, before any container."""
+    recipe = str(Path(__file__).with_name("tiny-docker.yaml"))
+    proc = sparkctl("up", recipe, "--build", timeout=180)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "error: tiny-docker runs the local test image sparkctl-test:cpu, made by `make test-image`, "
+        "not by sparkctl build"
+    )
