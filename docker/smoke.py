@@ -1,13 +1,16 @@
 """Build-time self-test of the serving image (run by docker/Dockerfile after installing sparkctl).
 
 Fails the build, with the reason, if vLLM would not load our plugin, lacks a model class the recipes
-need (SPARKCTL_REQUIRED_ARCHS), or the EXL3 kernels were not compiled into the image: catching that at
-build time beats finding it 12 minutes into a model load.
+need (SPARKCTL_REQUIRED_ARCHS), the EXL3 kernels were not compiled into the image, or their machine code
+lacks the GPU architecture the image is for (SPARKCTL_KERNEL_ARCHS, read with `cuobjdump --list-elf`):
+catching that at build time beats finding it 12 minutes into a model load.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from importlib.metadata import entry_points
 
@@ -39,7 +42,23 @@ def main() -> int:
     except Exception as exc:
         print(f"smoke: the EXL3 kernels do not load: {exc}", file=sys.stderr)
         return 1
-    print(f"smoke: plugin {plugins['exl3']}, EXL3 kernels {module.__file__}")
+    sass = []
+    for arch in os.environ.get("SPARKCTL_KERNEL_ARCHS", "").split():
+        tool = shutil.which("cuobjdump")
+        if tool is None:
+            print("smoke: no cuobjdump on PATH to read the kernels' machine code", file=sys.stderr)
+            return 1
+        elves = subprocess.run([tool, "--list-elf", str(module.__file__)], capture_output=True, text=True)
+        if f".{arch}." not in elves.stdout:
+            print(
+                f"smoke: {module.__file__} has no {arch} code ({elves.stdout.strip() or elves.stderr.strip()})",
+                file=sys.stderr,
+            )
+            return 1
+        sass.append(arch)
+    print(
+        f"smoke: plugin {plugins['exl3']}, EXL3 kernels {module.__file__}, SASS {' '.join(sass) or 'not checked'}"
+    )
     return 0
 
 

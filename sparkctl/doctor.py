@@ -34,6 +34,7 @@ CHECK_NAMES = (
     "driver",
     "docker",
     "nvidia-runtime",
+    "image",
     "memory",
     "disk",
     "llama.cpp",
@@ -138,6 +139,35 @@ def needs_of(plan: Plan | None, *, needs_gpu: bool | None = None) -> Needs:
 
 
 # --------------------------------------------------------------------------------------------- probes
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    image: str
+    present: bool = False
+    labels: dict[str, str] | None = None
+    error: str | None = None  # the daemon could not be asked
+
+
+def probe_image(plan: Plan | None, timeout: float = PROBE_TIMEOUT_S) -> ImageFacts | None:
+    """The labels of the image a docker plan runs (None: no image to look at)."""
+    if plan is None or plan.runtime != "docker" or plan.container is None or not plan.container.image:
+        return None
+    image = plan.container.image
+    try:
+        import docker
+        from docker.errors import ImageNotFound
+
+        client = docker.from_env(timeout=max(1, int(timeout)))
+        try:
+            info = client.api.inspect_image(image)
+        except ImageNotFound:
+            return ImageFacts(image)
+        finally:
+            client.close()
+    except Exception as exc:  # daemon down or forbidden: the docker check says why
+        return ImageFacts(image, error=_docker_error(exc))
+    return ImageFacts(image, present=True, labels=(info.get("Config") or {}).get("Labels") or {})
 
 
 def probe_nvidia(timeout: float = PROBE_TIMEOUT_S, root: str = "/") -> NvidiaFacts:
@@ -490,6 +520,41 @@ def check_nvidia_runtime(d: DockerFacts | None, needs: Needs) -> Check:
     )
 
 
+def check_image(facts: ImageFacts | None, plan: Plan | None) -> Check:
+    """The recipe's image is here and carries the versions sparkctl pins for its engine release."""
+    from sparkctl.pins import PIN_LABEL_PREFIX, same_version
+
+    if facts is None:
+        what = f"not needed by {plan.recipe_name} (no container image)" if plan else "no recipe given"
+        return Check("image", "pass", what)
+    build = f"sparkctl build {plan.recipe_name}" if plan else "sparkctl build"
+    if facts.error:
+        return Check("image", "warn", f"{facts.image}: not checked ({facts.error})")
+    if not facts.present:
+        return Check("image", "fail", f"{facts.image} is not on this machine", f"build it: {build}")
+    want = plan.image_pins if plan else {}
+    if not want:
+        return Check("image", "pass", f"{facts.image} present (no pins to check)")
+    labels = facts.labels or {}
+    have = {k[len(PIN_LABEL_PREFIX) :]: v for k, v in labels.items() if k.startswith(PIN_LABEL_PREFIX)}
+    if not have:
+        return Check(
+            "image",
+            "warn",
+            f"{facts.image} has no {PIN_LABEL_PREFIX}* labels (not made by sparkctl build): versions unchecked",
+            f"rebuild it: {build}",
+        )
+    wrong = [
+        f"{name} {have.get(name, 'missing')} (pinned {value})"
+        for name, value in want.items()
+        if name not in have or not same_version(value, have[name])
+    ]
+    if wrong:
+        return Check("image", "fail", f"{facts.image} carries {'; '.join(wrong)}", f"rebuild it: {build}")
+    shown = ", ".join(f"{k} {want[k]}" for k in list(want)[:4])
+    return Check("image", "pass", f"{facts.image}: {shown} (as pinned)")
+
+
 def check_memory(mem: MemoryStatus, plan: Plan | None) -> Check:
     total, avail = mem.total, mem.available
     where = f" (cgroup limit {mem.cgroup_limit / GiB:.1f} GiB)" if mem.cgroup_limit is not None else ""
@@ -705,6 +770,8 @@ def run_checks(
         probes["nvidia"] = lambda: probe_nvidia(timeout)
     if {"docker", "nvidia-runtime"} & set(wanted) and not skip_docker:
         probes["docker"] = lambda: probe_docker(timeout)
+    if "image" in wanted and not skip_docker:
+        probes["image"] = lambda: probe_image(plan, timeout)
     if "memory" in wanted:
         from prewarm.fit import memory_status
 
@@ -729,6 +796,7 @@ def run_checks(
         "driver": lambda: check_driver(facts.get("nvidia"), needs),  # type: ignore[arg-type]
         "docker": lambda: check_docker(facts.get("docker"), needs),  # type: ignore[arg-type]
         "nvidia-runtime": lambda: check_nvidia_runtime(facts.get("docker"), needs),  # type: ignore[arg-type]
+        "image": lambda: check_image(facts.get("image"), plan),  # type: ignore[arg-type]
         "memory": lambda: check_memory(facts["memory"], plan),  # type: ignore[arg-type]
         "disk": lambda: check_disk(facts["disk"]),  # type: ignore[arg-type]
         "llama.cpp": lambda: check_llamacpp(facts["llama.cpp"], needs),

@@ -46,6 +46,11 @@ class Reporter:
         """Context for the health wait; yields the callback that receives each poll's Tick."""
         yield lambda tick: None
 
+    @contextlib.contextmanager
+    def building(self, image: str) -> Iterator[Callable[[Any], None]]:
+        """Context for `up --build`; yields the callback that receives each image BuildEvent."""
+        yield lambda event: None
+
 
 @dataclass
 class UpOptions:
@@ -59,6 +64,7 @@ class UpOptions:
     persist: bool = False  # survive a reboot: docker restart policy unless-stopped
     api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
     no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
+    build: bool = False  # build the recipe's image first (`sparkctl build`; a no-op when up to date)
 
 
 @dataclass
@@ -236,6 +242,10 @@ def _launch(
     rep.step("doctor", detail, timings["doctor"])
 
     # image (before any download: a missing image should cost seconds, not a 90 GB fetch) -----------
+    if plan.runtime == "docker" and opts.build:
+        t = time.monotonic()
+        _build_image(recipe, rep)
+        timings["build"] = time.monotonic() - t
     if plan.runtime == "docker":
         t = time.monotonic()
         from sparkctl.runtimes.docker import ensure_plan_image
@@ -342,6 +352,19 @@ def _launch(
 
 
 # -- stages ------------------------------------------------------------------------------------------
+
+
+def _build_image(recipe: Any, rep: Reporter) -> None:
+    from sparkctl.image.build import build
+    from sparkctl.image.spark import spark_spec
+    from sparkctl.runtimes.docker import connect
+
+    spec, _ = spark_spec(recipe)
+    t = time.monotonic()
+    with rep.building(spec.alias or spec.repository) as on_event:
+        result = build(spec, connect(timeout_s=30), on_event=on_event)
+    what = "built" if result.built else "up to date, not rebuilt"
+    rep.step("build", f"{result.tag} ({what})", time.monotonic() - t)
 
 
 def _load(opts: UpOptions) -> Any:

@@ -114,6 +114,10 @@ def show_cmd(
     out.print(Rule("command", align="left"))
     # soft_wrap: never insert line breaks into the command, so it stays copy-pasteable at any width
     out.print(render_shell(p), markup=False, highlight=False, soft_wrap=True, end="")
+    pins = r.engine.effective_pins()
+    if pins:  # sparkctl/pins.py for this engine release + the recipe's engine.pins: what the image carries
+        out.print(Rule("pins", align="left"))
+        out.print("  " + "  ".join(f"{k} {v}" for k, v in pins.items()), markup=False, soft_wrap=True)
     if p.model.prepare is not None:
         from sparkctl.prepare.report import prepare_lines
 

@@ -18,7 +18,7 @@ from sparkctl.commands.options import json_option, set_option
     "only",
     multiple=True,
     metavar="CHECK",
-    help="Run only this check (repeatable): arch, gpu, driver, docker, nvidia-runtime, memory, disk, llama.cpp, freetoken, hf-token.",
+    help="Run only this check (repeatable): arch, gpu, driver, docker, nvidia-runtime, image, memory, disk, llama.cpp, freetoken, hf-token.",
 )
 @click.option(
     "--bundle",
@@ -31,8 +31,8 @@ from sparkctl.commands.options import json_option, set_option
 def doctor_cmd(
     recipe: str | None, sets: tuple[str, ...], only: tuple[str, ...], bundle_path: str | None, as_json: bool
 ) -> int:
-    """Check the host: arch, GPU, driver/CUDA, Docker and the NVIDIA runtime, memory, disk, the llama.cpp
-    and FreeToken engines, HF token.
+    """Check the host: arch, GPU, driver/CUDA, Docker and the NVIDIA runtime, the recipe's image (present,
+    labelled with the pinned versions), memory, disk, the llama.cpp and FreeToken engines, HF token.
 
     With RECIPE, the checks are scoped to what that recipe needs (its runtime, device, memory plan
     and model size); without it, a general check-up that says what is missing for a Spark recipe.

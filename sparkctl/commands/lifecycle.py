@@ -41,6 +41,18 @@ class RichReporter:
         self.console.print(f"[yellow]![/] {escape(message)}")
 
     @contextlib.contextmanager
+    def building(self, image: str) -> Iterator[Callable[[Any], None]]:
+        from sparkctl.commands.image import BuildProgress, print_failure
+        from sparkctl.image.build import BuildFailed
+
+        try:
+            with BuildProgress() as progress:
+                yield progress
+        except BuildFailed as exc:
+            print_failure(exc)
+            raise
+
+    @contextlib.contextmanager
     def waiting(self, label: str) -> Iterator[Callable[[Any], None]]:
         from rich.markup import escape
 
@@ -126,6 +138,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     is_flag=True,
     help="Keep serving after a reboot (docker: restart policy unless-stopped; `down` removes it).",
 )
+@click.option(
+    "--build", is_flag=True, help="Build the recipe's image first (sparkctl build; skipped when up to date)."
+)
 @json_option
 def up_cmd(
     recipe: str,
@@ -141,6 +156,7 @@ def up_cmd(
     api_key: str | None,
     no_auth: bool,
     persist: bool,
+    build: bool,
     as_json: bool,
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
@@ -166,6 +182,7 @@ def up_cmd(
         force=force,
         smoke=not no_smoke,
         restart=restart,
+        build=build,
     )
     reporter = RichReporter()
     try:

@@ -296,6 +296,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         watchdog=(recipe.memory.watchdog.floor_bytes, recipe.memory.watchdog.interval_s)
         if recipe.memory.watchdog
         else None,
+        image_pins=recipe.engine.effective_pins() if recipe.runtime == "docker" else {},
     )
 
 

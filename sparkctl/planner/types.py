@@ -87,6 +87,9 @@ class Plan:
     api_key_file: str | None = None
     # memory.watchdog: (floor bytes, sample interval s); `up` starts sparkctl.watchdog once healthy
     watchdog: tuple[int, float] | None = None
+    # component -> version the container image must carry (sparkctl/pins.py + the recipe's engine.pins);
+    # doctor compares them with the image's io.sparkctl.pin.* labels. Empty for native runtimes.
+    image_pins: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:

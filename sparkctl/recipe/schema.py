@@ -292,10 +292,28 @@ class EngineSpec(Strict):
         dict[str, str],
         Field(
             default_factory=dict,
-            description="Component -> version or commit the image must contain (torch, exllamav3, flashinfer, "
-            "...). Recorded as image labels; doctor can compare.",
+            description="Extra component -> version or commit the image must contain (e.g. exllamav3). The "
+            "engine release's own pins (torch, flashinfer, cuda, ...) come from sparkctl/pins.py and need not be "
+            "repeated; a pin here that contradicts them is an error. Doctor compares them with the image's labels.",
         ),
     ]
+
+    @model_validator(mode="after")
+    def _pins_agree(self) -> EngineSpec:
+        from sparkctl.pins import conflicts, pins_for
+
+        release = pins_for(self.name, self.version)
+        bad = conflicts(release, self.pins) if release else []
+        if bad:
+            raise ValueError(f"pins contradict sparkctl's pins for this engine release: {'; '.join(bad)}")
+        return self
+
+    def effective_pins(self) -> dict[str, str]:
+        """The engine release's pins with the recipe's extra pins on top (what the image must carry)."""
+        from sparkctl.pins import pins_for
+
+        release = pins_for(self.name, self.version)
+        return {**(release.components() if release else {}), **self.pins}
 
 
 class Speculative(Strict):

@@ -42,8 +42,8 @@ LABEL_RECIPE = "io.sparkctl.recipe"
 LABEL_RECIPE_HASH = "io.sparkctl.recipe-hash"
 LABEL_PORT = "io.sparkctl.port"
 LABEL_MODEL = "io.sparkctl.served-model-name"
-# The Spark image is built from docker/Dockerfile; this is the command `up` suggests when it is missing.
-SPARK_BUILD_HINT = "docker build -f docker/Dockerfile -t {image} ."
+# The Spark image is built by `sparkctl build` (docker/Dockerfile); what `up` suggests when it is missing.
+SPARK_BUILD_HINT = "sparkctl build {recipe} (or sparkctl up {recipe} --build)"
 TEST_IMAGE_PREFIX = "sparkctl-test:"
 
 
@@ -56,13 +56,14 @@ def container_name_for(recipe_name: str) -> str:
     return f"sparkctl-{recipe_name}"
 
 
-def image_build_hint(image: str) -> str:
+def image_build_hint(image: str, recipe: str | None = None) -> str:
     """How to get `image` on this machine: the local test image, our Spark image, or a registry pull."""
     if image.startswith(TEST_IMAGE_PREFIX):
         return "build it: make test-image (a local Debian rootfs imported into Docker; needs root)"
+    build = SPARK_BUILD_HINT.format(recipe=recipe or "RECIPE")
     if image.startswith("sparkctl") or image.startswith("ghcr.io/sparkctl"):
-        return "build it on the Spark, in a sparkctl checkout: " + SPARK_BUILD_HINT.format(image=image)
-    return f"pull it: docker pull {image} (or build it: {SPARK_BUILD_HINT.format(image=image)})"
+        return f"build it, in a sparkctl checkout: {build}"
+    return f"pull it: docker pull {image} (or build it: {build})"
 
 
 def connect(timeout_s: float = 10.0) -> docker.DockerClient:
@@ -128,7 +129,7 @@ def _daemon_errors(fn: F) -> F:
 
 
 @_daemon_errors
-def ensure_image(image: str, client: docker.DockerClient | None = None) -> str:
+def ensure_image(image: str, client: docker.DockerClient | None = None, recipe: str | None = None) -> str:
     """Return the local image id of `image`, or fail with how to build or pull it.
 
     `up` calls this before launching so a missing image is reported before any model download or
@@ -142,7 +143,7 @@ def ensure_image(image: str, client: docker.DockerClient | None = None) -> str:
         return client.images.get(image).id
     except ImageNotFound:
         raise RuntimeFailure(
-            f"Docker image {image} not found locally", hint=image_build_hint(image)
+            f"Docker image {image} not found locally", hint=image_build_hint(image, recipe)
         ) from None
     except APIError as exc:
         raise RuntimeFailure(f"could not inspect Docker image {image}: {_api_text(exc)}") from None
@@ -151,7 +152,7 @@ def ensure_image(image: str, client: docker.DockerClient | None = None) -> str:
 def ensure_plan_image(plan: Plan) -> str:
     """`ensure_image` for a docker Plan (what the `up` pipeline calls at its "ensure image" step)."""
     spec = _container_spec(plan)
-    return ensure_image(spec.image)
+    return ensure_image(spec.image, recipe=plan.recipe_name)
 
 
 def _container_spec(plan: Plan) -> ContainerSpec:
@@ -242,7 +243,8 @@ class DockerRuntime:
             )
         except ImageNotFound:
             raise RuntimeFailure(
-                f"Docker image {spec.image} not found locally", hint=image_build_hint(spec.image)
+                f"Docker image {spec.image} not found locally",
+                hint=image_build_hint(spec.image, plan.recipe_name),
             ) from None
         except APIError as exc:
             raise RuntimeFailure(

@@ -64,8 +64,8 @@ def test_missing_image_names_it_and_says_how_to_build() -> None:
     assert str(err.value) == "Docker image sparkctl-test:absent not found locally"
     assert "make test-image" in (err.value.hint or "")
     with pytest.raises(RuntimeFailure) as err:
-        ensure_image("sparkctl/spark:no-such-tag")
-    assert "docker build -f docker/Dockerfile -t sparkctl/spark:no-such-tag ." in (err.value.hint or "")
+        ensure_image("sparkctl/spark:no-such-tag", recipe="glm-5.3-flash")
+    assert "sparkctl build glm-5.3-flash (or sparkctl up glm-5.3-flash --build)" in (err.value.hint or "")
 
 
 def test_start_logs_stop_roundtrip(runtime, tmp_path) -> None:

@@ -29,7 +29,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=9b510ec3cbb68a4b32a3ef0e4d62612bf737f7ea64eb1206a04ed8642f81090d \
+  --label io.sparkctl.recipe-hash=fe81ff5ecf185ce3347f5d488e6c89298db0486fc1ec8453a36a3d496201d18c \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-4bpw-2x \
