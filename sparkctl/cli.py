@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "logs": "sparkctl.commands.lifecycle:logs_cmd",
     "chat": "sparkctl.commands.lifecycle:chat_cmd",
     "bench": "sparkctl.commands.bench:bench_cmd",
+    "cluster": "sparkctl.commands.cluster:cluster_group",
 }
 
 
