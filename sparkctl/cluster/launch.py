@@ -66,7 +66,9 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
     """Per-node commands for `plan` over `networks` (head first), from the recipe's cluster block."""
     executor = cluster.executor
     if executor not in ("ray", "mp"):
-        raise UserError(f"serving over {len(networks)} nodes needs cluster.executor ray or mp, not {executor}")
+        raise UserError(
+            f"serving over {len(networks)} nodes needs cluster.executor ray or mp, not {executor}"
+        )
     if len(networks) != cluster.nodes:
         raise UserError(
             f"recipe {plan.recipe_name} is planned for cluster.nodes={cluster.nodes}, "
@@ -77,7 +79,9 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
     shared["MASTER_ADDR"] = head.address
     shared["RAY_USAGE_STATS_ENABLED"] = "0"
     if executor == "ray":
-        shared["VLLM_CONFIG_ROOT"] = VLLM_CONFIG_ROOT if plan.container else shared.get("VLLM_CONFIG_ROOT", "")
+        shared["VLLM_CONFIG_ROOT"] = (
+            VLLM_CONFIG_ROOT if plan.container else shared.get("VLLM_CONFIG_ROOT", "")
+        )
         if not shared["VLLM_CONFIG_ROOT"]:
             del shared["VLLM_CONFIG_ROOT"]
     env = {n.node: {**shared, **n.env()} for n in networks}
@@ -146,7 +150,13 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                 )
             )
             steps.append(
-                NodeStep(head.node, "head", f"the server, {_shape(cluster)} over Ray", plan.argv, env=env[head.node])
+                NodeStep(
+                    head.node,
+                    "head",
+                    f"the server, {_shape(cluster)} over Ray",
+                    plan.argv,
+                    env=env[head.node],
+                )
             )
     else:
         name = plan.container.name if docker else ""
@@ -164,7 +174,9 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
             argv = [*plan.argv, *extra]
             if docker:
                 names[n.node] = name
-                steps.append(NodeStep(n.node, role, what, docker_run(plan, env[n.node], name, role, argv[0], argv[1:])))
+                steps.append(
+                    NodeStep(n.node, role, what, docker_run(plan, env[n.node], name, role, argv[0], argv[1:]))
+                )
             else:
                 steps.append(NodeStep(n.node, role, what, tuple(argv), env=env[n.node]))
     return ClusterLaunch(

@@ -44,9 +44,7 @@ class NodeNetwork:
 
     def env(self) -> dict[str, str]:
         env = {
-            var: self.interface
-            for var in PER_NODE_VARS
-            if var.endswith(("IFNAME", "DEVICES", "if_include"))
+            var: self.interface for var in PER_NODE_VARS if var.endswith(("IFNAME", "DEVICES", "if_include"))
         }
         env["NCCL_IB_HCA"] = ",".join(self.hcas)
         env["NCCL_IB_GID_INDEX"] = str(self.gid_index)
@@ -225,9 +223,7 @@ def _gid_index(
     facts: NodeFacts, hcas: list[str], wanted: int | None, addresses: list[str], out: list[Finding]
 ) -> int | None:
     node = facts.node
-    nonzero = [
-        {i for i, g in facts.gids.get(h, {}).items() if not is_zero_gid(g)} for h in hcas
-    ]
+    nonzero = [{i for i, g in facts.gids.get(h, {}).items() if not is_zero_gid(g)} for h in hcas]
     common = sorted(set.intersection(*nonzero)) if nonzero else []
     if wanted is not None:
         zero = [h for h in hcas if is_zero_gid(facts.gids.get(h, {}).get(wanted, ""))]

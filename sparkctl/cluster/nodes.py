@@ -35,6 +35,7 @@ class Node:
     host: str
     user: str | None = None
     port: int | None = None
+    sysroot: str = ""  # where the node's files are read from: "" on a real host, a tree in tests
 
     @property
     def is_local(self) -> bool:
@@ -62,7 +63,12 @@ def parse_node(text: str) -> Node:
         port = int(port_text)
     if not host:
         raise UserError(f"node {text!r}: no host name")
-    return Node(address=spec, host=host, user=user or None, port=port)
+    node = Node(address=spec, host=host, user=user or None, port=port)
+    if node.is_local and os.environ.get("SPARKCTL_SYSROOT"):  # a recorded or test tree for this machine
+        node = Node(
+            address=spec, host=host, user=node.user, port=port, sysroot=os.environ["SPARKCTL_SYSROOT"]
+        )
+    return node
 
 
 def parse_nodes(specs: str | list[str] | tuple[str, ...]) -> list[Node]:

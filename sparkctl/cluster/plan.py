@@ -36,9 +36,9 @@ def cluster_nodes(recipe: Any, nodes: str | None) -> list[Node]:
     return found
 
 
-def plan_cluster(recipe: Any, plan: Any, nodes: list[Node], *, sysroot: str = "") -> ClusterPlan:
-    report = check_cluster(nodes, recipe.cluster, request_for(plan, recipe, sysroot=sysroot))
-    fail = report.failures()
+def plan_cluster(recipe: Any, plan: Any, nodes: list[Node]) -> ClusterPlan:
+    report = check_cluster(nodes, recipe.cluster, request_for(plan, recipe))
+    fail = sorted(report.failures(), key=lambda f: f.check != "ssh")  # an unreachable node first
     if fail:
         first = fail[0]
         more = f" (and {len(fail) - 1} more: sparkctl cluster check)" if len(fail) > 1 else ""

@@ -55,7 +55,6 @@ class ProbeRequest:
     python: str | None = None
     model: ModelProbe | None = None
     memory_bytes: int | None = None  # what one node's share of the plan needs free
-    sysroot: str = ""
 
 
 def model_probe_for(plan: Any, recipe: Any) -> ModelProbe | None:
@@ -76,17 +75,18 @@ def model_probe_for(plan: Any, recipe: Any) -> ModelProbe | None:
     return None
 
 
-def request_for(plan: Any, recipe: Any, *, sysroot: str = "") -> ProbeRequest:
+def request_for(plan: Any, recipe: Any) -> ProbeRequest:
     import sys
 
     ray = recipe.cluster.executor == "ray"
     return ProbeRequest(
         image=plan.container.image if plan.container else None,
         ray=ray,
-        python=None if plan.container else (plan.argv[0] if plan.argv and "python" in plan.argv[0] else sys.executable),
+        python=None
+        if plan.container
+        else (plan.argv[0] if plan.argv and "python" in plan.argv[0] else sys.executable),
         model=model_probe_for(plan, recipe),
         memory_bytes=plan.memory.budget_bytes if plan.memory else None,
-        sysroot=sysroot,
     )
 
 
@@ -94,7 +94,6 @@ def _probe_one(node: Node, req: ProbeRequest) -> NodeFacts | Finding:
     try:
         return probe(
             node,
-            sysroot=req.sysroot,
             image=req.image,
             ray_check=req.ray,
             python=req.python,
@@ -104,7 +103,9 @@ def _probe_one(node: Node, req: ProbeRequest) -> NodeFacts | Finding:
         return Finding(node.address, "ssh", "fail", str(exc), exc.hint or "")
 
 
-def check_cluster(nodes: list[Node], cluster: Any, req: ProbeRequest, *, apply: bool = False) -> ClusterReport:
+def check_cluster(
+    nodes: list[Node], cluster: Any, req: ProbeRequest, *, apply: bool = False
+) -> ClusterReport:
     report = ClusterReport(nodes=nodes)
     _probe_all(report, cluster, req)
     if apply:
@@ -155,7 +156,9 @@ def _node_checks(facts: NodeFacts, req: ProbeRequest) -> list[Finding]:
                 )
             )
         else:
-            out.append(Finding(node, "memory", "ok", f"{free / _GiB:.1f} GiB available, needs {need / _GiB:.1f}"))
+            out.append(
+                Finding(node, "memory", "ok", f"{free / _GiB:.1f} GiB available, needs {need / _GiB:.1f}")
+            )
     if req.image:
         if facts.image_id:
             out.append(Finding(node, "image", "ok", facts.image_id[:19]))

@@ -2,12 +2,14 @@
 memory, clock, the image's digest, Ray, and the model's revision.
 
 The probe is a POSIX sh script (a Spark has no sparkctl on the worker) that prints tab-separated facts;
-`parse_probe` turns them into a `NodeFacts`. Every sysfs and procfs read is under `sysroot`, so a test
-points it at a tree laid out like the real `/sys` and `/proc`; the real one is read on a real host.
+`parse_probe` turns them into a `NodeFacts`. Every file read (sysfs, procfs, the model) is under the node's
+`sysroot`, so a test points it at a tree laid out like the real `/sys` and `/proc`; on a real host it is
+empty and the real ones are read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -48,13 +50,13 @@ fi
 if [ -n "$MODEL_DIR" ]; then
   dir=$(eval echo "$MODEL_DIR")
   rev=-
-  if [ -n "$MODEL_REF" ] && [ -f "$dir/refs/$MODEL_REF" ]; then rev=$(cat "$dir/refs/$MODEL_REF"); dir="$dir/snapshots/$rev"
-  elif [ -n "$MODEL_REF" ] && [ -d "$dir/snapshots/$MODEL_REF" ]; then rev=$MODEL_REF; dir="$dir/snapshots/$rev"; fi
+  if [ -n "$MODEL_REF" ] && [ -f "$R$dir/refs/$MODEL_REF" ]; then rev=$(cat "$R$dir/refs/$MODEL_REF"); dir="$dir/snapshots/$rev"
+  elif [ -n "$MODEL_REF" ] && [ -d "$R$dir/snapshots/$MODEL_REF" ]; then rev=$MODEL_REF; dir="$dir/snapshots/$rev"; fi
   idx=-
   for f in model.safetensors.index.json config.json; do
-    if [ -f "$dir/$f" ]; then idx=$(sha256sum "$dir/$f" | cut -c1-64); break; fi
+    if [ -f "$R$dir/$f" ]; then idx=$(sha256sum "$R$dir/$f" | cut -c1-64); break; fi
   done
-  if [ -d "$dir" ]; then e=present; else e=missing; fi
+  if [ -d "$R$dir" ]; then e=present; else e=missing; fi
   printf 'model\t%s\t%s\t%s\t%s\n' "$dir" "$e" "$rev" "$idx"
 fi
 """
@@ -126,10 +128,18 @@ def probe_script(
     return head + _SCRIPT
 
 
-def probe(node: Node, **kwargs: object) -> NodeFacts:
-    """Run the probe on `node` (see `probe_script` for the arguments) and parse what it printed."""
+def probe(
+    node: Node,
+    *,
+    image: str | None = None,
+    ray_check: bool = False,
+    python: str | None = None,
+    model: ModelProbe | None = None,
+) -> NodeFacts:
+    """Run the probe on `node` and parse what it printed."""
+    script = probe_script(sysroot=node.sysroot, image=image, ray_check=ray_check, python=python, model=model)
     t0 = time.time()
-    proc = run_on(node, probe_script(**kwargs), timeout_s=120)  # type: ignore[arg-type]
+    proc = run_on(node, script, timeout_s=120)
     t1 = time.time()
     if proc.returncode != 0 and "time\t" not in proc.stdout:
         raise RuntimeFailure(f"node {node.address}: the probe failed: {proc.stderr.strip()[-200:]}")
@@ -142,10 +152,8 @@ def parse_probe(node: str, text: str, *, local_mid: float | None = None) -> Node
         kind, _, rest = line.partition("\t")
         cols = rest.split("\t")
         if kind == "time" and local_mid is not None:
-            try:
+            with contextlib.suppress(ValueError):
                 facts.clock_offset_s = float(cols[0]) - local_mid
-            except ValueError:
-                pass
         elif kind == "hostname":
             facts.hostname = cols[0]
         elif kind == "net" and len(cols) >= 3:

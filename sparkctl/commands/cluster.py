@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import click
@@ -19,7 +18,9 @@ def cluster_group() -> None:
     """Commands for serving one recipe over several Sparks (see the README's "Two Sparks")."""
 
 
-@cluster_group.command("check", short_help="Preflight every node: links, RoCE/GIDs, clocks, image, model, memory.")
+@cluster_group.command(
+    "check", short_help="Preflight every node: links, RoCE/GIDs, clocks, image, model, memory."
+)
 @click.argument("recipe", required=False)
 @click.option(
     "--nodes", metavar="HEAD,WORKER", default=None, help="The nodes as [user@]host[:port], head first."
@@ -31,7 +32,9 @@ def cluster_group() -> None:
     help="Run the safe fixes (link up, MTU 9000 until reboot, drop the page cache), then check again.",
 )
 @json_option
-def check_cmd(recipe: str | None, nodes: str | None, sets: tuple[str, ...], apply: bool, as_json: bool) -> None:
+def check_cmd(
+    recipe: str | None, nodes: str | None, sets: tuple[str, ...], apply: bool, as_json: bool
+) -> None:
     """Probe every node in parallel (over SSH; localhost directly) and compare them.
 
     Checks: the ConnectX-7 interface is up with an address and MTU 9000, both RoCE twins of the port,
@@ -45,14 +48,13 @@ def check_cmd(recipe: str | None, nodes: str | None, sets: tuple[str, ...], appl
     from sparkctl.errors import UserError
     from sparkctl.recipe.schema import ClusterSpec
 
-    sysroot = os.environ.get("SPARKCTL_SYSROOT", "")
     if recipe:
         from sparkctl.plans import load_and_plan
 
         the_recipe, the_plan = load_and_plan(recipe, sets, check_memory=False)
         node_list = cluster_nodes(the_recipe, nodes)
         cluster = the_recipe.cluster
-        req = request_for(the_plan, the_recipe, sysroot=sysroot)
+        req = request_for(the_plan, the_recipe)
     else:
         if sets:
             raise UserError("--set needs a RECIPE")
@@ -60,7 +62,7 @@ def check_cmd(recipe: str | None, nodes: str | None, sets: tuple[str, ...], appl
             raise UserError("name the nodes: sparkctl cluster check [RECIPE] --nodes HEAD,WORKER")
         node_list = parse_nodes(nodes)
         cluster = ClusterSpec()
-        req = ProbeRequest(sysroot=sysroot)
+        req = ProbeRequest()
     report = check_cluster(node_list, cluster, req, apply=apply)
     if as_json:
         output.json(report.to_json())

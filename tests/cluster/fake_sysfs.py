@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+V2 = "RoCE v2"
 
 
 def v4_gid(address: str) -> str:
@@ -49,3 +50,39 @@ def make_node(
         f"MemTotal:       127600000 kB\nMemFree:        1000 kB\nMemAvailable:   {mem_available_kib} kB\n"
     )
     return root
+
+
+def make_model(root: Path, directory: str, *, revision: str, index: str) -> None:
+    """A hub cache entry under `root`: refs/main -> snapshots/<revision>/model.safetensors.index.json."""
+    repo = root / directory.lstrip("/")
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs/main").write_text(revision)
+    snap = repo / "snapshots" / revision
+    snap.mkdir(parents=True, exist_ok=True)
+    (snap / "model.safetensors.index.json").write_text(index)
+
+
+def spark(
+    root: Path, *, gid_index: int = 3, state: str = "up", mtu: int = 9000, twin_up: bool = True
+) -> Path:
+    """lo stands for enp1s0f1np1 (RoCE rocep1s0f1); enP2lo behind roceP2p1s0f1 is its PCIe twin."""
+    gids = {
+        "rocep1s0f1": {
+            0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"),
+            gid_index: (v4_gid("127.0.0.1"), V2),
+        },
+        "roceP2p1s0f1": {
+            0: ("fe80:0000:0000:0000:0000:00ff:fe00:0002", "IB/RoCE v1"),
+            gid_index: (v4_gid("127.0.0.2"), V2),
+        },
+        "rocep1s0f0": {},
+    }
+    return make_node(
+        root,
+        ports={
+            "rocep1s0f1": ("lo", state, mtu),
+            "roceP2p1s0f1": ("enP2lo", "up" if twin_up else "down", mtu),
+            "rocep1s0f0": ("enp1s0f0np0", "down", 1500),
+        },
+        gids=gids,
+    )

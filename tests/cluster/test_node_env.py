@@ -6,38 +6,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_sysfs import ZERO, make_node, v4_gid
+from fake_sysfs import V2, ZERO, make_node, spark, v4_gid
 
 from sparkctl.cluster.netenv import PER_NODE_VARS, resolve_network
-from sparkctl.cluster.nodes import parse_node
+from sparkctl.cluster.nodes import Node
 from sparkctl.cluster.probe import probe
 from sparkctl.recipe.schema import ClusterSpec
 
-LOCAL = parse_node("localhost")
-V2 = "RoCE v2"
 
-
-def spark(root: Path, *, gid_index: int = 3, state: str = "up", mtu: int = 9000, twin_up: bool = True) -> Path:
-    """lo stands for enp1s0f1np1 (RoCE rocep1s0f1); enP2lo behind roceP2p1s0f1 is its PCIe twin."""
-    gids = {
-        "rocep1s0f1": {0: ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"), gid_index: (v4_gid("127.0.0.1"), V2)},
-        "roceP2p1s0f1": {0: ("fe80:0000:0000:0000:0000:00ff:fe00:0002", "IB/RoCE v1"), gid_index: (v4_gid("127.0.0.2"), V2)},
-        "rocep1s0f0": {},
-    }
-    return make_node(
-        root,
-        ports={
-            "rocep1s0f1": ("lo", state, mtu),
-            "roceP2p1s0f1": ("enP2lo", "up" if twin_up else "down", mtu),
-            "rocep1s0f0": ("enp1s0f0np0", "down", 1500),
-        },
-        gids=gids,
-    )
+def at(root: Path, name: str = "localhost") -> Node:
+    """This machine, with its files read from `root`."""
+    return Node(address=name, host="localhost", sysroot=str(root))
 
 
 def test_probe_reads_the_tree_like_ibdev2netdev(tmp_path: Path) -> None:
-    facts = probe(LOCAL, sysroot=str(spark(tmp_path)))
-    assert facts.ib_netdevs == {"rocep1s0f1": ["lo"], "roceP2p1s0f1": ["enP2lo"], "rocep1s0f0": ["enp1s0f0np0"]}
+    facts = probe(at(spark(tmp_path)))
+    assert facts.ib_netdevs == {
+        "rocep1s0f1": ["lo"],
+        "roceP2p1s0f1": ["enP2lo"],
+        "rocep1s0f0": ["enp1s0f0np0"],
+    }
     assert facts.netdevs["lo"].operstate == "up" and facts.netdevs["lo"].mtu == 9000
     assert facts.gids["rocep1s0f1"][3] == v4_gid("127.0.0.1")
     assert facts.gid_types["rocep1s0f1"][3] == V2
@@ -48,7 +36,7 @@ def test_probe_reads_the_tree_like_ibdev2netdev(tmp_path: Path) -> None:
 
 
 def test_env_names_this_nodes_interface_both_twins_and_a_nonzero_gid(tmp_path: Path) -> None:
-    facts = probe(LOCAL, sysroot=str(spark(tmp_path, gid_index=5)))
+    facts = probe(at(spark(tmp_path, gid_index=5)))
     net, findings = resolve_network(facts, ClusterSpec())
     assert net is not None, findings
     env = net.env()
@@ -61,7 +49,7 @@ def test_env_names_this_nodes_interface_both_twins_and_a_nonzero_gid(tmp_path: P
 
 
 def test_a_pinned_gid_index_that_is_zero_on_this_node_fails(tmp_path: Path) -> None:
-    facts = probe(LOCAL, sysroot=str(spark(tmp_path, gid_index=5)))
+    facts = probe(at(spark(tmp_path, gid_index=5)))
     net, findings = resolve_network(facts, ClusterSpec(ib_gid_index=3))
     assert net is None
     (bad,) = [f for f in findings if f.status == "fail"]
@@ -70,7 +58,7 @@ def test_a_pinned_gid_index_that_is_zero_on_this_node_fails(tmp_path: Path) -> N
 
 
 def test_a_wrong_interface_name_is_bad_input(tmp_path: Path) -> None:
-    facts = probe(LOCAL, sysroot=str(spark(tmp_path)))
+    facts = probe(at(spark(tmp_path)))
     net, findings = resolve_network(facts, ClusterSpec(interface="enp1s0f1np1"))
     assert net is None
     (bad,) = [f for f in findings if f.status == "fail"]
@@ -87,7 +75,7 @@ def test_a_wrong_interface_name_is_bad_input(tmp_path: Path) -> None:
     ],
 )
 def test_link_findings(tmp_path: Path, kwargs: dict, check: str, status: str, text: str) -> None:
-    facts = probe(LOCAL, sysroot=str(spark(tmp_path, **kwargs)))
+    facts = probe(at(spark(tmp_path, **kwargs)))
     _, findings = resolve_network(facts, ClusterSpec(interface="lo"))
     hits = [f for f in findings if f.check == check and f.status == status]
     assert hits and text in hits[0].detail, findings
@@ -97,6 +85,6 @@ def test_link_findings(tmp_path: Path, kwargs: dict, check: str, status: str, te
 
 def test_no_roce_devices(tmp_path: Path) -> None:
     root = make_node(tmp_path, ports={}, gids={}, extra_netdevs={"eth0": ("up", 1500)})
-    net, findings = resolve_network(probe(LOCAL, sysroot=str(root)), ClusterSpec())
+    net, findings = resolve_network(probe(at(root)), ClusterSpec())
     assert net is None
     assert any(f.check == "roce" and "no RoCE devices" in f.detail for f in findings)
