@@ -24,7 +24,12 @@ def two_nodes(tmp_path: Path, *, worker_rev: str = "a" * 40, worker_gid: int = 3
     spark(head, gid_index=3)
     spark(worker, gid_index=worker_gid)
     make_model(head, REPO, revision="a" * 40, index='{"weight_map": {}}')
-    make_model(worker, REPO, revision=worker_rev, index='{"weight_map": {"x": "y"}}' if worker_rev != "a" * 40 else '{"weight_map": {}}')
+    make_model(
+        worker,
+        REPO,
+        revision=worker_rev,
+        index='{"weight_map": {"x": "y"}}' if worker_rev != "a" * 40 else '{"weight_map": {}}',
+    )
     return [Node("head", "localhost", sysroot=str(head)), Node("worker", "localhost", sysroot=str(worker))]
 
 
@@ -75,7 +80,10 @@ def test_an_unreachable_node_is_a_finding_not_a_crash(tmp_path: Path) -> None:
 
 
 def _docker_ok() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    return (
+        shutil.which("docker") is not None
+        and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    )
 
 
 @pytest.mark.skipif(not _docker_ok(), reason="needs a Docker engine")
