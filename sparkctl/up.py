@@ -59,6 +59,7 @@ class UpOptions:
     persist: bool = False  # survive a reboot: docker restart policy unless-stopped
     api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
     no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
+    nodes: str | None = None  # --nodes HEAD,WORKER: serve across these Sparks (else cluster.hosts)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class UpResult:
     api_key_generated: str | None = (
         None  # the new key of `--api-key generate`: shown once, then only in its file
     )
+    cluster: Any = None  # a cluster.plan.ClusterPlan when serving across nodes
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -101,6 +103,7 @@ class UpResult:
             "notes": self.notes,
             "api_key_file": self.plan.api_key_file,
             "api_key": self.api_key_generated,  # only a key made by this `up`; null otherwise
+            "cluster": self.cluster.to_json() if self.cluster is not None else None,
         }
 
 
@@ -140,10 +143,19 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         f"recipe {plan.recipe_name} ({plan.runtime}, {plan.engine}) -> {plan.base_url}",
         timings["validate"],
     )
+    cluster = None
+    if opts.nodes or (recipe.cluster.nodes > 1 and recipe.cluster.hosts):
+        cluster = _cluster(recipe, plan, opts, rep, timings)
     for w in plan.warnings:
-        rep.warn(w)
+        if cluster is None or not w.startswith("cluster."):  # per-node values replace these
+            rep.warn(w)
     if opts.dry_run:
-        return UpResult(plan=plan, dry_run=True, timings=timings)
+        return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster)
+    if cluster is not None:
+        raise UserError(
+            "starting on several nodes is not built yet: `sparkctl up RECIPE --nodes ... --dry-run` prints "
+            "each node's commands and environment to run by hand"
+        )
 
     with state_files.starting(plan.recipe_name):
         return _start(opts, recipe, plan, local, rep, t_start, timings, key)
@@ -342,6 +354,28 @@ def _launch(
 
 
 # -- stages ------------------------------------------------------------------------------------------
+
+
+def _cluster(recipe: Any, plan: Plan, opts: UpOptions, rep: Reporter, timings: dict[str, float]) -> Any:
+    """Preflight every node and compute its own environment; a dry run reports failed checks as warnings
+    (it still prints what would run), a real start stops at the first one."""
+    from sparkctl.cluster.plan import cluster_nodes, plan_cluster
+
+    t = time.monotonic()
+    nodes = cluster_nodes(recipe, opts.nodes)
+    cluster = plan_cluster(recipe, plan, nodes, strict=not opts.dry_run)
+    timings["cluster"] = time.monotonic() - t
+    rep.step(
+        "cluster",
+        ", ".join(f"{n.node} {n.interface} {n.address}" for n in cluster.report.networks.values()),
+        timings["cluster"],
+    )
+    for f in cluster.report.findings:
+        if f.status != "ok":
+            rep.warn(f"{f.node}: {f.check}: {f.detail}" + (f" (fix: {f.fix})" if f.fix else ""))
+    return cluster
+
+
 
 
 def _load(opts: UpOptions) -> Any:

@@ -246,7 +246,7 @@ def render_launch(launch: ClusterLaunch) -> str:
         out.append("")
         out.append(f"# [{i}] on {step.node} ({step.role}): {step.what}")
         if step.wait_gpus:
-            out.append(f"# poll until it lists {step.wait_gpus} nodes' GPUs (or CPUs for a CPU plan)")
+            out.append(f"# repeat until it lists {step.wait_gpus} active nodes")
         lines = [f"{k}={shlex.quote(v)}" for k, v in step.env.items()]
         lines += _group(list(step.argv))
         out.append(" \\\n  ".join(lines))

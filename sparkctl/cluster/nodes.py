@@ -41,6 +41,12 @@ class Node:
     def is_local(self) -> bool:
         return self.host in _LOCAL_NAMES or self.host == socket.gethostname()
 
+    @property
+    def ssh_command(self) -> str:
+        """How the user reaches it by hand (ssh takes the port as -p, not host:port)."""
+        target = f"{self.user}@{self.host}" if self.user else self.host
+        return f"ssh -p {self.port} {target}" if self.port else f"ssh {target}"
+
     def ssh_argv(self) -> list[str]:
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}"]
         argv += shlex.split(os.environ.get("SPARKCTL_SSH_OPTS", ""))
@@ -63,12 +69,9 @@ def parse_node(text: str) -> Node:
         port = int(port_text)
     if not host:
         raise UserError(f"node {text!r}: no host name")
-    node = Node(address=spec, host=host, user=user or None, port=port)
-    if node.is_local and os.environ.get("SPARKCTL_SYSROOT"):  # a recorded or test tree for this machine
-        node = Node(
-            address=spec, host=host, user=node.user, port=port, sysroot=os.environ["SPARKCTL_SYSROOT"]
-        )
-    return node
+    # SPARKCTL_SYSROOT: every node's /sys, /proc and model files are read under this root (tests, recordings)
+    sysroot = os.environ.get("SPARKCTL_SYSROOT", "")
+    return Node(address=spec, host=host, user=user or None, port=port, sysroot=sysroot)
 
 
 def parse_nodes(specs: str | list[str] | tuple[str, ...]) -> list[Node]:
@@ -96,7 +99,7 @@ def run_on(node: Node, script: str, *, timeout_s: float = 60.0) -> subprocess.Co
     except subprocess.TimeoutExpired:
         raise NodeUnreachable(
             f"node {node.address}: no answer within {timeout_s:.0f}s",
-            hint=f"check that `ssh {node.address} true` returns",
+            hint=f"check that `{node.ssh_command} true` returns",
         ) from None
     if not node.is_local and proc.returncode == 255:
         raise ssh_failure(node, proc.stderr)
@@ -109,9 +112,10 @@ def ssh_failure(node: Node, stderr: str) -> RuntimeFailure:
     if "Permission denied" in stderr or "Too many authentication failures" in stderr:
         return NodeAuthRefused(
             f"node {node.address}: SSH refused the login ({last})",
-            hint=f"set up passwordless SSH: ssh-copy-id {node.address} (then `ssh {node.address} true`)",
+            hint=f"set up passwordless SSH: ssh-copy-id{' -p ' + str(node.port) if node.port else ''} "
+            f"{node.address.rsplit(':', 1)[0] if node.port else node.address} (then `{node.ssh_command} true`)",
         )
     return NodeUnreachable(
         f"node {node.address} unreachable over SSH: {last}",
-        hint=f"check the address, the cable and that sshd runs there: ssh {node.address} true",
+        hint=f"check the address, the cable and that sshd runs there: {node.ssh_command} true",
     )

@@ -12,10 +12,16 @@ from sparkctl.cluster.preflight import ClusterReport, check_cluster, request_for
 from sparkctl.errors import RuntimeFailure, UserError
 
 
+_NETWORK_CHECKS = ("ssh", "interface", "address", "roce", "gid")
+
+
 @dataclass(frozen=True)
 class ClusterPlan:
     report: ClusterReport
     launch: ClusterLaunch
+
+    def to_json(self) -> dict[str, Any]:
+        return {"preflight": self.report.to_json(), "launch": self.launch.to_json()}
 
 
 def cluster_nodes(recipe: Any, nodes: str | None) -> list[Node]:
@@ -36,9 +42,13 @@ def cluster_nodes(recipe: Any, nodes: str | None) -> list[Node]:
     return found
 
 
-def plan_cluster(recipe: Any, plan: Any, nodes: list[Node]) -> ClusterPlan:
+def plan_cluster(recipe: Any, plan: Any, nodes: list[Node], *, strict: bool = True) -> ClusterPlan:
+    """Preflight + per-node launch. `strict` False (a dry run) stops only where a node's environment
+    cannot be computed (unreachable, no interface, no GID); other failed checks stay in the report."""
     report = check_cluster(nodes, recipe.cluster, request_for(plan, recipe))
     fail = sorted(report.failures(), key=lambda f: f.check != "ssh")  # an unreachable node first
+    if not strict:
+        fail = [f for f in fail if f.check in _NETWORK_CHECKS]
     if fail:
         first = fail[0]
         more = f" (and {len(fail) - 1} more: sparkctl cluster check)" if len(fail) > 1 else ""

@@ -134,12 +134,13 @@ def _probe_all(report: ClusterReport, cluster: Any, req: ProbeRequest) -> None:
         report.findings += found
         if network is not None:
             report.networks[node.address] = network
-        report.findings += _node_checks(result, req)
+        report.findings += _node_checks(node, result, req, head=report.nodes[0])
     report.findings += _cross_checks(report, req)
 
 
-def _node_checks(facts: NodeFacts, req: ProbeRequest) -> list[Finding]:
+def _node_checks(n: Node, facts: NodeFacts, req: ProbeRequest, *, head: Node) -> list[Finding]:
     node = facts.node
+    is_head = n == head
     out: list[Finding] = []
     if req.memory_bytes is not None and facts.mem_available is not None:
         need, free = req.memory_bytes, facts.mem_available
@@ -164,13 +165,18 @@ def _node_checks(facts: NodeFacts, req: ProbeRequest) -> list[Finding]:
             out.append(Finding(node, "image", "ok", facts.image_id[:19]))
         else:
             problem = facts.image_problem or "absent"
+            fix = (
+                f"build or load {req.image} on the head first"
+                if is_head
+                else f"from the head: docker save {req.image} | {n.ssh_command} docker load"
+            )
             out.append(
                 Finding(
                     node,
                     "image",
                     "fail",
                     f"image {req.image} {'not on this node' if problem == 'absent' else problem}",
-                    f"copy it from the head: docker save {req.image} | ssh {node} docker load",
+                    fix,
                 )
             )
     if req.ray:
@@ -190,15 +196,15 @@ def _node_checks(facts: NodeFacts, req: ProbeRequest) -> list[Finding]:
     if req.model is not None:
         m = facts.model
         if m is None or not m.present:
-            out.append(
-                Finding(
-                    node,
-                    "model",
-                    "fail",
-                    f"model not at {m.path if m else req.model.directory}",
-                    "copy it once over the fabric from the head (rsync -a HEAD:PATH/ PATH/), same path on every node",
-                )
+            path = m.path if m else req.model.directory
+            target = f"{n.user}@{n.host}" if n.user else n.host
+            ssh = f" -e 'ssh -p {n.port}'" if n.port else ""
+            fix = (
+                "download it on the head first (`sparkctl up` fetches it there)"
+                if is_head
+                else f"copy it once over the fabric, from the head: rsync -a{ssh} {path}/ {target}:{path}/"
             )
+            out.append(Finding(node, "model", "fail", f"model not at {path}", fix))
         else:
             out.append(Finding(node, "model", "ok", f"{m.path} rev {(m.revision or '-')[:12]}"))
     return out

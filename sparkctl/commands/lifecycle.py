@@ -103,6 +103,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     "--dry-run", is_flag=True, help="Print the plan (command line, memory, load) and start nothing."
 )
 @click.option("--force", is_flag=True, help="Launch even when the memory plan says it does not fit.")
+@click.option(
+    "--nodes",
+    metavar="HEAD,WORKER",
+    default=None,
+    help="Serve across these Sparks ([user@]host[:port], head first; localhost is this one) over SSH.",
+)
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke-test chat completion after the health gate.")
 @click.option(
     "--restart",
@@ -135,6 +141,7 @@ def up_cmd(
     offline: bool,
     dry_run: bool,
     force: bool,
+    nodes: str | None,
     no_smoke: bool,
     restart: bool,
     expose: bool,
@@ -166,6 +173,7 @@ def up_cmd(
         force=force,
         smoke=not no_smoke,
         restart=restart,
+        nodes=nodes,
     )
     reporter = RichReporter()
     try:
@@ -198,9 +206,17 @@ def _print_dry_run(result: Any, as_json: bool) -> None:
 
     plan = result.plan
     if as_json:
-        output.json({"dry_run": True, "plan": plan_to_dict(plan)})
+        payload = {"dry_run": True, "plan": plan_to_dict(plan)}
+        if result.cluster is not None:
+            payload["cluster"] = result.cluster.to_json()
+        output.json(payload)
         return
-    output.text(render(plan, "shell"), nl=False)
+    if result.cluster is not None:
+        from sparkctl.cluster.launch import render_launch
+
+        output.text(render_launch(result.cluster.launch), nl=False)
+    else:
+        output.text(render(plan, "shell"), nl=False)
     m = plan.model
     source = (
         f"hub {m.repo}@{m.revision or 'main'}"

@@ -23,7 +23,7 @@ def make_node(
     *,
     ports: dict[str, tuple[str, str, int]],  # roce device -> (netdev, operstate, mtu)
     gids: dict[str, dict[int, tuple[str, str]]],  # roce device -> index -> (gid, type)
-    mem_available_kib: int = 100 * 1024 * 1024,
+    mem_available_kib: int = 120 * 1024 * 1024,
     extra_netdevs: dict[str, tuple[str, int]] | None = None,
 ) -> Path:
     for dev, (netdev, state, mtu) in ports.items():

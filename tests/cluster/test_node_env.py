@@ -31,7 +31,7 @@ def test_probe_reads_the_tree_like_ibdev2netdev(tmp_path: Path) -> None:
     assert facts.gid_types["rocep1s0f1"][3] == V2
     assert facts.gids["rocep1s0f0"][3] == ZERO
     assert "127.0.0.1" in facts.addresses["lo"]
-    assert facts.mem_available == 100 * 1024**3
+    assert facts.mem_available == 120 * 1024**3
     assert abs(facts.clock_offset_s) < 1.0
 
 

@@ -43,7 +43,7 @@ def test_a_refused_key_is_auth_refused(sshd: Sshd, monkeypatch: pytest.MonkeyPat
     node = worker(sshd.port)
     with pytest.raises(NodeAuthRefused, match=f"node {node.address}: SSH refused the login") as err:
         probe(node)
-    assert f"ssh-copy-id {node.address}" in (err.value.hint or "")
+    assert f"ssh-copy-id -p {sshd.port} root@{ADDRESS}" in (err.value.hint or "")
 
 
 def test_a_stopped_sshd_is_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
