@@ -144,7 +144,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         timings["validate"],
     )
     cluster = None
-    if opts.nodes or (recipe.cluster.nodes > 1 and recipe.cluster.hosts):
+    if opts.nodes is not None or (recipe.cluster.nodes > 1 and recipe.cluster.hosts):
         cluster = _cluster(recipe, plan, opts, rep, timings)
     for w in plan.warnings:
         if cluster is None or not w.startswith("cluster."):  # per-node values replace these
@@ -374,8 +374,6 @@ def _cluster(recipe: Any, plan: Plan, opts: UpOptions, rep: Reporter, timings: d
         if f.status != "ok":
             rep.warn(f"{f.node}: {f.check}: {f.detail}" + (f" (fix: {f.fix})" if f.fix else ""))
     return cluster
-
-
 
 
 def _load(opts: UpOptions) -> Any:

@@ -11,7 +11,6 @@ from sparkctl.cluster.nodes import Node, NodeAuthRefused, NodeUnreachable, parse
 from sparkctl.cluster.preflight import ClusterReport, check_cluster, request_for
 from sparkctl.errors import RuntimeFailure, UserError
 
-
 _NETWORK_CHECKS = ("ssh", "interface", "address", "roce", "gid")
 
 
