@@ -152,11 +152,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     if opts.dry_run:
         return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster)
     if cluster is not None:
-        raise UserError(
-            "starting on several nodes is not built yet: `sparkctl up RECIPE --nodes ... --dry-run` prints "
-            "each node's commands and environment to run by hand"
-        )
-
+        return _start_cluster(opts, plan, cluster, rep, t_start, timings)
     with state_files.starting(plan.recipe_name):
         return _start(opts, recipe, plan, local, rep, t_start, timings, key)
 
@@ -354,6 +350,63 @@ def _launch(
 
 
 # -- stages ------------------------------------------------------------------------------------------
+
+
+def _start_cluster(
+    opts: UpOptions, plan: Plan, cluster: Any, rep: Reporter, t_start: float, timings: dict[str, float]
+) -> UpResult:
+    """Start every node's part (preflight passed), wait for the endpoint on the head, smoke-test it; a
+    failure stops every node's part again. The model must already be on every node (the preflight says)."""
+    from sparkctl.cluster import run as cluster_run
+
+    existing = cluster_run.load(plan.recipe_name)
+    if existing is not None:
+        if opts.restart:
+            cluster_run.stop(existing)
+        else:
+            rows = cluster_run.status_rows(existing)
+            if rows and all(r["running"] for r in rows):
+                return UpResult(plan=plan, already_running=True, timings=timings, cluster=cluster)
+            cluster_run.stop(existing)  # a half-dead cluster: clear it and start again
+    nodes = cluster.report.nodes
+    t = time.monotonic()
+    state = cluster_run.start(cluster.launch, nodes, plan.base_url, lambda line: rep.step("node", line))
+    timings["launch"] = time.monotonic() - t
+    try:
+        t = time.monotonic()
+        with rep.waiting(plan.recipe_name) as on_tick:
+            wait_healthy(
+                plan.base_url,
+                plan.served_model_name,
+                label=plan.recipe_name,
+                timeout_s=plan.health_timeout_s,
+                exit_detail=lambda: _cluster_exit(cluster_run, state),
+                last_lines=lambda n: cluster_run.log_lines(state, tail=n)[-n:],
+                on_tick=on_tick,
+            )
+        timings["health"] = time.monotonic() - t
+        rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", timings["health"])
+        result = UpResult(plan=plan, timings=timings, cluster=cluster)
+        result.seconds_to_healthy = time.monotonic() - t_start
+        if opts.smoke:
+            t = time.monotonic()
+            reply = smoke_test(plan.base_url, plan.served_model_name)
+            timings["smoke"] = time.monotonic() - t
+            result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
+            rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
+        return result
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster_run.stop(state)
+        raise
+
+
+def _cluster_exit(cluster_run: Any, state: Any) -> str | None:
+    """Why the cluster cannot become healthy any more: the first of its parts that is no longer running."""
+    for row in cluster_run.status_rows(state):
+        if not row["running"]:
+            return f"{row['what']} on {row['node']} is not running"
+    return None
 
 
 def _cluster(recipe: Any, plan: Plan, opts: UpOptions, rep: Reporter, timings: dict[str, float]) -> Any:

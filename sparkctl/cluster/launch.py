@@ -171,7 +171,7 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                 if i == 0
                 else f"headless engine, rank {i} ({n.interface} {n.address})"
             )
-            argv = [*plan.argv, *extra]
+            argv = [*(plan.argv if i == 0 else _serve_cli(plan.argv)), *extra]
             if docker:
                 names[n.node] = name
                 steps.append(
@@ -189,6 +189,18 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
         steps=tuple(steps),
         container_names=names,
     )
+
+
+def _serve_cli(argv: tuple[str, ...]) -> list[str]:
+    """The worker's command as `vllm serve MODEL ...`: only that CLI knows --headless (the api_server
+    module would start a second engine core on the follower, which then fails)."""
+    out = list(argv)
+    if out[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--model" in out:
+        at = out.index("--model")
+        model = out[at + 1]
+        del out[at : at + 2]
+        out[1:3] = ["-m", "vllm.entrypoints.cli.main", "serve", model]
+    return out
 
 
 def _shape(cluster: Any) -> str:
