@@ -1051,8 +1051,11 @@ class Recipe(Strict):
             raise ValueError("engine freetoken serves gguf and safetensors models, not exl3")
         if self.engine.name == "freetoken" and self.engine.device != "cuda":
             raise ValueError("engine freetoken runs on NVIDIA GPUs only (engine.device: cuda)")
-        if self.engine.device == "cpu" and self.cluster.nodes > 1:
-            raise ValueError("engine.device cpu runs on one node")
+        if self.engine.device == "cpu" and self.cluster.nodes > 1 and self.cluster.executor != "mp":
+            raise ValueError(
+                "engine.device cpu runs across nodes only with cluster.executor: mp (vLLM's CPU build has "
+                "no Ray device)"
+            )
         return self
 
     def env_strings(self) -> dict[str, str]:
