@@ -370,7 +370,9 @@ def _start_cluster(
             cluster_run.stop(existing)  # a half-dead cluster: clear it and start again
     nodes = cluster.report.nodes
     t = time.monotonic()
-    state = cluster_run.start(cluster.launch, nodes, plan.base_url, lambda line: rep.step("node", line))
+    state = cluster_run.start(
+        cluster.launch, nodes, plan.base_url, plan.served_model_name, lambda line: rep.step("node", line)
+    )
     timings["launch"] = time.monotonic() - t
     try:
         t = time.monotonic()

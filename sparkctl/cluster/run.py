@@ -45,6 +45,7 @@ class ClusterState:
     nodes: list[dict[str, Any]]
     started: list[Started] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    served_model_name: str = ""
 
     def node(self, address: str) -> Node:
         for n in self.nodes:
@@ -85,7 +86,7 @@ def all_states() -> list[ClusterState]:
 
 
 def start(
-    launch: ClusterLaunch, nodes: list[Node], base_url: str, log: Callable[[str], None]
+    launch: ClusterLaunch, nodes: list[Node], base_url: str, model: str, log: Callable[[str], None]
 ) -> ClusterState:
     """Run every step of `launch` on its node; returns the state (saved) once the server step started."""
     if not nodes[0].is_local:
@@ -100,6 +101,7 @@ def start(
         executor=launch.executor,
         runtime=launch.runtime,
         nodes=[asdict(n) for n in nodes],
+        served_model_name=model,
     )
     save(state)
     try:

@@ -487,10 +487,12 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
 def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: float) -> None:
     """Send one chat message to a running server and stream the answer to stdout."""
     from sparkctl import servers
+    from sparkctl.cluster import run as cluster_run
     from sparkctl.server.auth import key_of
     from sparkctl.server.client import stream_chat
 
-    st = servers.chat_target(recipe)
+    cluster = cluster_run.load(recipe) if recipe else None
+    st: Any = cluster if cluster is not None else servers.chat_target(recipe)
     t0 = time.monotonic()
     pieces = 0
     for piece in stream_chat(
@@ -499,7 +501,7 @@ def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: flo
         message,
         max_tokens=max_tokens,
         temperature=temperature,
-        api_key=key_of(st.extra.get("api_key_file")),
+        api_key=None if cluster is not None else key_of(st.extra.get("api_key_file")),
     ):
         pieces += 1
         output.text(piece, nl=False)

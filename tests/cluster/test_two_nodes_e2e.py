@@ -140,7 +140,10 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
         recipe = work / "tiny-2x.yaml"
         recipe.write_text(
             "extends: tiny\nname: tiny-2x\n"
-            "serve: {port: 8765, health_timeout_s: 480}\n"
+            # enforce_eager would skip the warm-up run that allocates the PP rank-1 buffers (vLLM CPU 0.32
+            # then asserts on the first request); a dynamo trace with the eager backend runs it, cheaply
+            "serve: {port: 8765, health_timeout_s: 480, enforce_eager: false,\n"
+            '        extra_args: [\'--compilation-config\', \'{"mode":2,"backend":"eager"}\']}\n'
             f"env: {{PYTHONPATH: {work / 'meta'}}}\n"
             "cluster: {nodes: 2, pipeline_parallel: 2, executor: mp, master_port: 29577}\n"
         )
