@@ -59,7 +59,7 @@ docker run \
   -e RAY_NODE_IP_ADDRESS=192.168.100.10 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.10 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=c64fd97351c09ab427deef668e57b65a8e8a02cc31c8114ad19cd87c9ee62a39 \
+  --label io.sparkctl.recipe-hash=d52afb07fbe705c6c5028ee4043ce8e28e713a78380b30730c038ff49329bf6b \
   --label io.sparkctl.cluster-role=head \
   --entrypoint ray sparkctl/vllm-exl3:0.33.0-sm121 start \
   --head \
@@ -106,7 +106,7 @@ docker run \
   -e RAY_NODE_IP_ADDRESS=192.168.100.11 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.11 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=c64fd97351c09ab427deef668e57b65a8e8a02cc31c8114ad19cd87c9ee62a39 \
+  --label io.sparkctl.recipe-hash=d52afb07fbe705c6c5028ee4043ce8e28e713a78380b30730c038ff49329bf6b \
   --label io.sparkctl.cluster-role=worker \
   --entrypoint ray sparkctl/vllm-exl3:0.33.0-sm121 start \
   --address=192.168.100.10:6379 \
