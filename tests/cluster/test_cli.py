@@ -71,7 +71,8 @@ def test_cluster_check_a_zero_gid_fails_with_its_fix(env: dict[str, str], sshd: 
 
 def test_up_dry_run_prints_each_node(env: dict[str, str], sshd: Sshd) -> None:
     worker = f"root@127.0.0.2:{sshd.port}"
-    proc = sparkctl(env, "up", GLM, "--nodes", f"localhost,{worker}", "--dry-run", *ON_LO)
+    absent = ["--set", "container.image=sparkctl-test:no-such-tag"]
+    proc = sparkctl(env, "up", GLM, "--nodes", f"localhost,{worker}", "--dry-run", *ON_LO, *absent)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert f"# env on {worker} (computed on that node):" in out
@@ -82,7 +83,7 @@ def test_up_dry_run_prints_each_node(env: dict[str, str], sshd: Sshd) -> None:
     )
     assert "# dry run: nothing was started" in out
     # the checks that do not stop a dry run are shown as warnings (the image is not on this machine)
-    assert "image sparkctl/vllm-exl3:0.33.0-sm121 not on this node" in proc.stderr
+    assert "image sparkctl-test:no-such-tag not on this node" in proc.stderr
 
 
 @pytest.mark.parametrize(
