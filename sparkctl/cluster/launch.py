@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from sparkctl.cluster.netenv import PER_NODE_VARS, NodeNetwork
@@ -107,8 +108,8 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                 argv = docker_run(plan, env[n.node], name, role, "ray", ray_args)
                 steps.append(NodeStep(n.node, role, what, argv))
             else:
-                steps.append(NodeStep(n.node, role, what, ("ray", *ray_args), env=env[n.node]))
-        status = ("docker", "exec", name, "ray", "status") if docker else ("ray", "status")
+                steps.append(NodeStep(n.node, role, what, (_ray_cli(plan), *ray_args), env=env[n.node]))
+        status = ("docker", "exec", name, "ray", "status") if docker else (_ray_cli(plan), "status")
         steps.append(
             NodeStep(
                 head.node,
@@ -188,6 +189,16 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
         env=env,
         steps=tuple(steps),
         container_names=names,
+    )
+
+
+def _ray_cli(plan: Any) -> str:
+    """Natively, the `ray` next to the engine's Python (its venv), as a login over SSH has no venv on PATH."""
+    python = plan.argv[0] if plan.argv else ""
+    return (
+        str(Path(python).with_name("ray"))
+        if python.startswith("/") and "python" in Path(python).name
+        else "ray"
     )
 
 
