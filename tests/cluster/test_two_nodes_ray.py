@@ -34,7 +34,8 @@ recipe = load_recipe("tiny", ["cluster.nodes=2", "cluster.pipeline_parallel=2", 
 ray_cluster = recipe.cluster.model_copy(update={"executor": "ray", "ray_port": 6390})
 nodes = cluster_nodes(recipe, "localhost," + sys.argv[1])
 p = plan(recipe, check_memory=False)
-report = check_cluster(nodes, ray_cluster, request_for(p, recipe))
+# no model here (this test starts no server); Ray on the nodes is checked (the venv's Python)
+report = check_cluster(nodes, ray_cluster, dataclasses.replace(request_for(p, recipe), model=None, ray=True))
 fails = [f.detail for f in report.findings if f.status == "fail"]
 if fails:
     print(json.dumps({"fails": fails})); sys.exit(0)
@@ -44,7 +45,8 @@ t0 = time.monotonic()
 state = cluster_run.start(ray_only, nodes, p.base_url, "tiny", lambda line: None)
 out = {"seconds": time.monotonic() - t0, "argv0": list(ray_only.steps[0].argv[:3]),
        "addresses": [n.address for n in report.networks.values()],
-       "started": [s.node for s in state.started], "rows": cluster_run.status_rows(state)}
+       "started": [s.node for s in state.started], "rows": cluster_run.status_rows(state),
+       "ray": sorted(f.detail for f in report.findings if f.check == "ray")}
 if sys.argv[2] == "stop":
     cluster_run.stop(state)
     out["state_left"] = cluster_run.state_path(recipe.name).exists()
@@ -85,6 +87,7 @@ def test_ray_head_and_worker_come_up_and_go_away(tmp_path: Path) -> None:
         assert out["started"] == ["localhost", ns.worker]
         assert all(r["running"] for r in out["rows"]), out["rows"]
         assert out["state_left"] is False
+        assert len(out["ray"]) == 2 and all(d.startswith("ray 2.") for d in out["ray"])
         print(f"\nRay head + worker over two namespaces: both listed after {out['seconds']:.1f}s")
         deadline = time.monotonic() + 30
         while (ns.pids(ns.worker_ns) or ns.pids(ns.head_ns)) and time.monotonic() < deadline:
