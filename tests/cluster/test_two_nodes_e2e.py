@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fake_sysfs import V2, make_node, v4_gid
-from sshd import Sshd, sshd_missing, start_sshd
+from netns import WORKER_IP, Namespaces, namespaces
+from sshd import sshd_missing, start_sshd
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD_IP, WORKER_IP = "10.77.0.1", "10.77.0.2"
 
 
 def _missing() -> str | None:
@@ -51,83 +50,41 @@ pytestmark = [
 
 @dataclass
 class TwoNodes:
-    head_ns: str
-    worker_ns: str
-    head_if: str
-    worker_if: str
-    sshd: Sshd
+    ns: Namespaces
     env: dict[str, str]
     recipe: Path
-    worker: str  # the worker's --nodes entry
+
+    @property
+    def worker(self) -> str:  # the worker's --nodes entry
+        return self.ns.worker
 
     def sparkctl(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        argv = ["ip", "netns", "exec", self.head_ns, sys.executable, "-m", "sparkctl", *args]
+        argv = ["ip", "netns", "exec", self.ns.head_ns, sys.executable, "-m", "sparkctl", *args]
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    def worker_pids(self) -> set[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.worker_ns], capture_output=True, text=True).stdout
-        return {int(p) for p in out.split()} - {self.sshd.proc.pid}
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
-    tag = str(os.getpid() % 100000)
-    head_ns, worker_ns = f"spk-h{tag}", f"spk-w{tag}"
-    head_if, worker_if = f"cx7h{tag}", f"cx7w{tag}"
     work = tmp_path_factory.mktemp("twonodes")
-    _ip("netns", "add", head_ns)
-    _ip("netns", "add", worker_ns)
-    server = None
-    try:
-        _ip("link", "add", head_if, "type", "veth", "peer", "name", worker_if)
-        _ip("link", "set", head_if, "netns", head_ns)
-        _ip("link", "set", worker_if, "netns", worker_ns)
-        for ns, dev, addr in ((head_ns, head_if, HEAD_IP), (worker_ns, worker_if, WORKER_IP)):
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", dev, "mtu", "9000")
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-        server = start_sshd(work / "sshd", address=WORKER_IP, port=2222, netns=worker_ns)
-        tree = make_node(
-            work / "tree",
-            ports={"rocep1s0f1": (head_if, "up", 9000), "rocep2s0f1": (worker_if, "up", 9000)},
-            gids={
-                "rocep1s0f1": {3: (v4_gid(HEAD_IP), V2)},
-                "rocep2s0f1": {3: (v4_gid(WORKER_IP), V2)},
-            },
-        )
-        cache = work / "cache"
+    with namespaces(work) as ns:
         env = dict(os.environ)
         env.update(
-            SPARKCTL_SSH_OPTS=server.opts(),
-            SPARKCTL_SYSROOT=str(tree),
+            SPARKCTL_SSH_OPTS=ns.sshd.opts(),
+            SPARKCTL_SYSROOT=str(ns.tree),
             SPARKCTL_STATE_DIR=str(work / "state"),
-            SPARKCTL_CACHE_DIR=str(cache),
+            SPARKCTL_CACHE_DIR=str(work / "cache"),
             PYTHONPATH=f"{REPO}:{REPO / 'kernels'}",
         )
         # the model, made once on the head; "the worker" shares this filesystem, so it is at the same path
-        model = (
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    "from sparkctl.models.fetch import resolve_weights; "
-                    "from sparkctl.plans import load_and_plan; r, p = load_and_plan('tiny'); "
-                    "print(resolve_weights(p.model)[0])",
-                ],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
+        make = (
+            "from sparkctl.models.fetch import resolve_weights; from sparkctl.plans import load_and_plan; "
+            "r, p = load_and_plan('tiny'); print(resolve_weights(p.model)[0])"
         )
-        link = tree / model.lstrip("/")  # the probe reads the model under the tree too
+        made = subprocess.run(
+            [sys.executable, "-c", make], env=env, capture_output=True, text=True, check=True
+        )
+        model = made.stdout.strip().splitlines()[-1]
+        link = ns.tree / model.lstrip("/")  # the probe reads the model under the tree too
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(model)
         meta = work / "meta" / "vllm-0.32.0.dist-info"
@@ -147,16 +104,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
             f"env: {{PYTHONPATH: {work / 'meta'}}}\n"
             "cluster: {nodes: 2, pipeline_parallel: 2, executor: mp, master_port: 29577}\n"
         )
-        yield TwoNodes(head_ns, worker_ns, head_if, worker_if, server, env, recipe, f"root@{WORKER_IP}:2222")
-    finally:
-        if server is not None:
-            server.stop()
-        for ns in (head_ns, worker_ns):
-            for pid in subprocess.run(
-                ["ip", "netns", "pids", ns], capture_output=True, text=True
-            ).stdout.split():
-                subprocess.run(["kill", "-9", pid], capture_output=True)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        yield TwoNodes(ns, env, recipe)
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +123,8 @@ def test_up_serves_across_both_nodes(two_nodes: TwoNodes, served: dict) -> None:
     assert served["smoke_tokens"] >= 1
     launch = served["cluster"]["launch"]
     assert launch["executor"] == "mp" and launch["nodes"] == ["localhost", two_nodes.worker]
-    assert launch["env"]["localhost"]["GLOO_SOCKET_IFNAME"] == two_nodes.head_if
-    assert launch["env"][two_nodes.worker]["GLOO_SOCKET_IFNAME"] == two_nodes.worker_if
+    assert launch["env"]["localhost"]["GLOO_SOCKET_IFNAME"] == two_nodes.ns.head_if
+    assert launch["env"][two_nodes.worker]["GLOO_SOCKET_IFNAME"] == two_nodes.ns.worker_if
     assert launch["env"][two_nodes.worker]["VLLM_HOST_IP"] == WORKER_IP
     print(f"\nup tiny-2x (PP 2 over two namespaces): healthy after {served['seconds_to_healthy']:.1f}s")
 
@@ -205,28 +153,26 @@ def test_failures_are_one_line(two_nodes: TwoNodes, served: dict) -> None:
         "cluster.interface=enp1s0f1np1",
     )
     assert wrong.returncode == 2 and "interface enp1s0f1np1 not on this node" in wrong.stderr
-    two_nodes.sshd.stop()
+    ns = two_nodes.ns
+    ns.sshd.stop()
     try:
         gone = two_nodes.sparkctl("cluster", "check", "--nodes", f"localhost,{two_nodes.worker}")
         assert gone.returncode == 1 and "unreachable over SSH" in gone.stdout
     finally:
-        two_nodes.sshd = start_sshd(
-            Path(two_nodes.sshd.key).parent, address=WORKER_IP, port=2222, netns=two_nodes.worker_ns
+        ns.sshd = start_sshd(
+            Path(ns.sshd.key).parent, address=WORKER_IP, port=ns.sshd.port, netns=ns.worker_ns
         )
 
 
 def test_down_leaves_nothing_on_either_node(two_nodes: TwoNodes, served: dict) -> None:
-    assert two_nodes.worker_pids()  # the headless rank runs in the worker's namespace
+    ns = two_nodes.ns
+    assert ns.pids(ns.worker_ns)  # the headless rank runs in the worker's namespace
     down = two_nodes.sparkctl("down", "tiny-2x")
     assert down.returncode == 0, down.stderr
     assert "stopped tiny-2x on 2 node(s)" in down.stdout
     deadline = time.monotonic() + 30
-    while two_nodes.worker_pids() and time.monotonic() < deadline:
+    while (ns.pids(ns.worker_ns) or ns.pids(ns.head_ns)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert two_nodes.worker_pids() == set()
-    head = subprocess.run(
-        ["ip", "netns", "pids", two_nodes.head_ns], capture_output=True, text=True
-    ).stdout.split()
-    assert head == []
-    status = two_nodes.sparkctl("status", "tiny-2x", "--json")
-    assert "tiny-2x" not in status.stdout or json.loads(status.stdout) == []
+    assert ns.pids(ns.worker_ns) == set() and ns.pids(ns.head_ns) == set()
+    status = two_nodes.sparkctl("status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout) == []
