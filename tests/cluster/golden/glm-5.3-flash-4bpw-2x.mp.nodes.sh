@@ -58,7 +58,7 @@ docker run \
   -e RAY_NODE_IP_ADDRESS=192.168.100.10 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.10 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=9f9b7f5201b1f0a5bb616914f01e60fdf361ccb0c8709d3400863365be893ce5 \
+  --label io.sparkctl.recipe-hash=833aed93eae5aadde4efc161147d1f0ee18effb874ea84a7a576ffb6b5d565ed \
   --label io.sparkctl.cluster-role=head \
   --entrypoint vllm sparkctl/vllm-exl3:0.33.0-sm121 serve /models/glm-5.3-flash-4bpw-2x \
   --served-model-name glm-5.3-flash-4bpw-2x \
@@ -121,7 +121,7 @@ docker run \
   -e RAY_NODE_IP_ADDRESS=192.168.100.11 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.11 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=9f9b7f5201b1f0a5bb616914f01e60fdf361ccb0c8709d3400863365be893ce5 \
+  --label io.sparkctl.recipe-hash=833aed93eae5aadde4efc161147d1f0ee18effb874ea84a7a576ffb6b5d565ed \
   --label io.sparkctl.cluster-role=worker \
   --entrypoint vllm sparkctl/vllm-exl3:0.33.0-sm121 serve /models/glm-5.3-flash-4bpw-2x \
   --served-model-name glm-5.3-flash-4bpw-2x \

@@ -59,7 +59,7 @@ docker run \
   -e RAY_NODE_IP_ADDRESS=192.168.100.10 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.10 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=d52afb07fbe705c6c5028ee4043ce8e28e713a78380b30730c038ff49329bf6b \
+  --label io.sparkctl.recipe-hash=99ae0dc17df0c293ae0e6a0a9960e7d576eacc5e06c13cf779363a3346e1399c \
   --label io.sparkctl.cluster-role=head \
   --entrypoint ray sparkctl/vllm-exl3:0.33.0-sm121 start \
   --head \
@@ -106,7 +106,7 @@ docker run \
   -e RAY_NODE_IP_ADDRESS=192.168.100.11 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.11 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=d52afb07fbe705c6c5028ee4043ce8e28e713a78380b30730c038ff49329bf6b \
+  --label io.sparkctl.recipe-hash=99ae0dc17df0c293ae0e6a0a9960e7d576eacc5e06c13cf779363a3346e1399c \
   --label io.sparkctl.cluster-role=worker \
   --entrypoint ray sparkctl/vllm-exl3:0.33.0-sm121 start \
   --address=192.168.100.10:6379 \

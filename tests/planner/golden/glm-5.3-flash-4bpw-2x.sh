@@ -1,5 +1,5 @@
 # sparkctl plan for glm-5.3-flash-4bpw-2x (vllm, docker); serves http://127.0.0.1:8000/v1
-# note: start Ray on all 2 nodes first (head: `ray start --head --node-ip-address=<cx7 ip> --num-gpus=1`; workers: `ray start --address=<head>:6379`), with the model at the same path on every node; `up` runs the server on the head only
+# note: this is the head's command alone: `sparkctl up glm-5.3-flash-4bpw-2x --nodes HEAD,WORKER` checks all 2 nodes and starts each one's part with its own environment (`--dry-run` prints them); the model must be at the same path on every node
 docker run --rm \
   --name sparkctl-glm-5.3-flash-4bpw-2x \
   --gpus all \
@@ -29,7 +29,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=9b510ec3cbb68a4b32a3ef0e4d62612bf737f7ea64eb1206a04ed8642f81090d \
+  --label io.sparkctl.recipe-hash=99ae0dc17df0c293ae0e6a0a9960e7d576eacc5e06c13cf779363a3346e1399c \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-4bpw-2x \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=7a6f08438ccc2151679c298fdb5cef11fc9af3206d93e535a928efd8c9a4d524 \
+  --label io.sparkctl.recipe-hash=8a4fd701f7f69903e2250bcbd4f58e62afd88242b0a97c83903b177254f34ff0 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-k2k3 \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=7e91df8ef76b806d088974de32bc0f95d2f8d46e1e2d9642f3467aefeaaa6145 \
+  --label io.sparkctl.recipe-hash=3df751b39417aa146d45cd316685a083a0c56143f1dd531d6bf926c57886d767 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash \

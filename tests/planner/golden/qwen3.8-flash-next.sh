@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=qwen3.8-flash-next \
-  --label io.sparkctl.recipe-hash=b7dc448b35f55b686aaf7f182ad4a8d102da077e0db9980d425aa8ef5ffad8a7 \
+  --label io.sparkctl.recipe-hash=0e5841221dd76f85da7848055203f41e240f7bd8cf72bbb941590f272e5201c8 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/qwen3.8-flash-next \
