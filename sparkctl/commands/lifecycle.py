@@ -115,6 +115,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     "--dry-run", is_flag=True, help="Print the plan (command line, memory, load) and start nothing."
 )
 @click.option("--force", is_flag=True, help="Launch even when the memory plan says it does not fit.")
+@click.option(
+    "--nodes",
+    metavar="HEAD,WORKER",
+    default=None,
+    help="Serve across these Sparks ([user@]host[:port], head first; localhost is this one) over SSH.",
+)
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke-test chat completion after the health gate.")
 @click.option(
     "--restart",
@@ -150,6 +156,7 @@ def up_cmd(
     offline: bool,
     dry_run: bool,
     force: bool,
+    nodes: str | None,
     no_smoke: bool,
     restart: bool,
     expose: bool,
@@ -183,6 +190,7 @@ def up_cmd(
         smoke=not no_smoke,
         restart=restart,
         build=build,
+        nodes=nodes,
     )
     reporter = RichReporter()
     try:
@@ -207,7 +215,24 @@ def up_cmd(
     if as_json:
         output.json(result.to_json())
         return
+    if result.cluster is not None:
+        _print_cluster_summary(result)
+        return
     _print_summary(result)
+
+
+def _print_cluster_summary(result: Any) -> None:
+    plan, launch = result.plan, result.cluster.launch
+    nodes = ", ".join(launch.nodes)
+    if result.already_running:
+        output.text(f"{plan.recipe_name} is already up on {nodes}: {plan.base_url}/v1")
+        return
+    output.text(f"{plan.recipe_name} is up on {nodes} ({launch.executor}): {plan.base_url}/v1")
+    if result.seconds_to_healthy is not None:
+        output.text(f"  healthy {result.seconds_to_healthy:.1f}s after `up` started")
+    if result.smoke_reply is not None:
+        output.text(f"  smoke test: {result.smoke_tokens} token(s): {_shorten(result.smoke_reply, 60)!r}")
+    output.text(f"  status: sparkctl status {plan.recipe_name}    stop: sparkctl down {plan.recipe_name}")
 
 
 def _print_dry_run(result: Any, as_json: bool) -> None:
@@ -215,9 +240,17 @@ def _print_dry_run(result: Any, as_json: bool) -> None:
 
     plan = result.plan
     if as_json:
-        output.json({"dry_run": True, "plan": plan_to_dict(plan)})
+        payload = {"dry_run": True, "plan": plan_to_dict(plan)}
+        if result.cluster is not None:
+            payload["cluster"] = result.cluster.to_json()
+        output.json(payload)
         return
-    output.text(render(plan, "shell"), nl=False)
+    if result.cluster is not None:
+        from sparkctl.cluster.launch import render_launch
+
+        output.text(render_launch(result.cluster.launch), nl=False)
+    else:
+        output.text(render(plan, "shell"), nl=False)
     m = plan.model
     source = (
         f"hub {m.repo}@{m.revision or 'main'}"
@@ -303,8 +336,17 @@ def _age(started_at: float) -> str:
 def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     """Stop RECIPE (or --all) and remove its process or container. Stopping a stopped one is fine."""
     from sparkctl import servers
+    from sparkctl.cluster import run as cluster_run
 
+    clusters = cluster_run.all_states() if all_ else [c for c in [cluster_run.load(recipe or "")] if c]
+    for c in clusters:  # a recipe served across nodes: every node's containers and processes
+        stopped = cluster_run.stop(c, timeout_s=timeout)
+        output.text(f"stopped {c.recipe} on {len({line.split(':')[0] for line in stopped})} node(s)")
+    if clusters and not all_:
+        return
     results = servers.down(recipe, all_, timeout_s=timeout)
+    if not results and clusters:
+        return
     if not results:
         output.text(f"{recipe} is not running" if recipe else "no sparkctl servers are running")
         return
@@ -327,8 +369,16 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
 def status_cmd(recipe: str | None, as_json: bool) -> None:
     """Show running servers: recipe, runtime, port, uptime, health (probed now) and memory."""
     from sparkctl import servers
+    from sparkctl.cluster import run as cluster_run
 
+    clusters = cluster_run.all_states() if not recipe else [c for c in [cluster_run.load(recipe)] if c]
+    if clusters:
+        _cluster_status(clusters, as_json)
+        if recipe:
+            return
     rows = servers.status_rows(recipe)
+    if clusters and not rows:
+        return
     if recipe and not rows:
         servers.known_recipe(recipe)
     if as_json:
@@ -364,6 +414,44 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     output.table(table)
 
 
+def _cluster_status(clusters: list[Any], as_json: bool) -> None:
+    """One row per node part (Ray head/worker, server, headless rank), with the endpoint's health."""
+    from sparkctl.cluster import run as cluster_run
+    from sparkctl.server.client import probe_health
+
+    data = []
+    for c in clusters:
+        health = "healthy" if probe_health(c.base_url, timeout_s=2.0) else "unhealthy"
+        data.append(
+            {
+                "recipe": c.recipe,
+                "base_url": c.base_url,
+                "health": health,
+                "nodes": cluster_run.status_rows(c),
+            }
+        )
+    if as_json:
+        output.json(data)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("RECIPE", "NODE", "PART", "STATE", "ID", "HEALTH", "URL"):
+        table.add_column(col)
+    for c in data:
+        for r in c["nodes"]:
+            table.add_row(
+                c["recipe"],
+                r["node"],
+                r["what"],
+                "running" if r["running"] else "stopped",
+                r["id"][:12],
+                c["health"],
+                f"{c['base_url']}/v1",
+            )
+    output.table(table)
+
+
 # -- logs --------------------------------------------------------------------------------------------
 
 
@@ -376,7 +464,13 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
 def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
     """Print the server log of RECIPE (also after a failed `up` or a `down`: the last log is kept)."""
     from sparkctl import servers
+    from sparkctl.cluster import run as cluster_run
 
+    cluster = cluster_run.load(recipe)
+    if cluster is not None:  # every node's parts, each line prefixed with its node (no --follow yet)
+        for line in cluster_run.log_lines(cluster, tail=tail):
+            output.text(line)
+        return
     lines = servers.log_lines(recipe, tail=tail, follow=follow)
     try:
         for line in lines:
@@ -410,10 +504,12 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
 def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: float) -> None:
     """Send one chat message to a running server and stream the answer to stdout."""
     from sparkctl import servers
+    from sparkctl.cluster import run as cluster_run
     from sparkctl.server.auth import key_of
     from sparkctl.server.client import stream_chat
 
-    st = servers.chat_target(recipe)
+    cluster = cluster_run.load(recipe) if recipe else None
+    st: Any = cluster if cluster is not None else servers.chat_target(recipe)
     t0 = time.monotonic()
     pieces = 0
     for piece in stream_chat(
@@ -422,7 +518,7 @@ def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: flo
         message,
         max_tokens=max_tokens,
         temperature=temperature,
-        api_key=key_of(st.extra.get("api_key_file")),
+        api_key=None if cluster is not None else key_of(st.extra.get("api_key_file")),
     ):
         pieces += 1
         output.text(piece, nl=False)

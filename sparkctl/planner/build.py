@@ -255,9 +255,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         )
     if recipe.cluster.nodes > 1:
         notes.append(
-            f"start Ray on all {recipe.cluster.nodes} nodes first (head: `ray start --head "
-            "--node-ip-address=<cx7 ip> --num-gpus=1`; workers: `ray start --address=<head>:6379`), "
-            "with the model at the same path on every node; `up` runs the server on the head only"
+            f"this is the head's command alone: `sparkctl up {recipe.name} --nodes HEAD,WORKER` checks all "
+            f"{recipe.cluster.nodes} nodes and starts each one's part with its own environment "
+            "(`--dry-run` prints them); the model must be at the same path on every node"
         )
 
     check = plan_memory(recipe, model_path=local if local and Path(local).exists() else None)

@@ -787,10 +787,26 @@ class ClusterSpec(Strict):
         Literal["ray", "mp", "uni"] | None,
         Field(
             default=None,
-            description="--distributed-executor-backend; ray is required for more than one node here "
-            "(start the Ray cluster first); uni runs the one worker inside the engine process (a faster "
-            "start for single-process CPU serving).",
+            description="--distributed-executor-backend. Over several nodes: ray (`up --nodes` starts a "
+            "Ray head and worker container) or mp (vLLM's own --nnodes/--node-rank, the workers "
+            "--headless); uni runs the one worker inside the engine process (a faster start for "
+            "single-process CPU serving).",
         ),
+    ]
+    hosts: Annotated[
+        list[str],
+        Field(
+            default_factory=list,
+            description="The nodes as SSH addresses ([user@]host[:port]), head first; `up --nodes` "
+            "overrides. `localhost` is this machine.",
+        ),
+    ]
+    ray_port: Annotated[
+        int, Field(default=6379, gt=0, lt=65536, description="Port of the Ray head (GCS) on the head node.")
+    ]
+    master_port: Annotated[
+        int,
+        Field(default=29501, gt=0, lt=65536, description="torch.distributed rendezvous port (executor mp)."),
     ]
     head_address: Annotated[
         str | None,
@@ -803,19 +819,25 @@ class ClusterSpec(Strict):
         str | None,
         Field(
             default=None,
-            description="ConnectX-7 netdev carrying NCCL/Gloo traffic (see `ibdev2netdev`), e.g. enp1s0f1np1.",
+            description="ConnectX-7 netdev carrying NCCL/Gloo traffic (see `ibdev2netdev`), e.g. enp1s0f1np1; "
+            "null: `up --nodes` picks the Up one on each node.",
         ),
     ]
     ib_hca: Annotated[
         list[str],
-        Field(default_factory=list, description="RoCE devices for NCCL_IB_HCA (both twins of the port)."),
+        Field(
+            default_factory=list,
+            description="RoCE devices for NCCL_IB_HCA (both twins of the port); empty: `up --nodes` picks "
+            "the twins behind the interface on each node.",
+        ),
     ]
     ib_gid_index: Annotated[
         int | None,
         Field(
             default=None,
             ge=0,
-            description="NCCL_IB_GID_INDEX; per NIC and per node, read /sys/class/infiniband/<dev>/ports/1/gids.",
+            description="NCCL_IB_GID_INDEX; per NIC and per node, read /sys/class/infiniband/<dev>/ports/1/gids. "
+            "null: `up --nodes` picks a non-zero RoCE v2 GID on each node.",
         ),
     ]
 
@@ -846,8 +868,10 @@ class ClusterSpec(Strict):
             raise ValueError(
                 f"tensor_parallel x pipeline_parallel ({ranks}) must equal nodes ({self.nodes}): a Spark has one GPU"
             )
-        if self.nodes > 1 and self.executor != "ray":
-            raise ValueError("more than one node needs executor: ray")
+        if self.nodes > 1 and self.executor not in ("ray", "mp"):
+            raise ValueError("more than one node needs executor: ray or mp")
+        if self.hosts and len(self.hosts) != self.nodes:
+            raise ValueError(f"hosts lists {len(self.hosts)} nodes, nodes is {self.nodes}")
         return self
 
 
@@ -1045,8 +1069,11 @@ class Recipe(Strict):
             raise ValueError("engine freetoken serves gguf and safetensors models, not exl3")
         if self.engine.name == "freetoken" and self.engine.device != "cuda":
             raise ValueError("engine freetoken runs on NVIDIA GPUs only (engine.device: cuda)")
-        if self.engine.device == "cpu" and self.cluster.nodes > 1:
-            raise ValueError("engine.device cpu runs on one node")
+        if self.engine.device == "cpu" and self.cluster.nodes > 1 and self.cluster.executor != "mp":
+            raise ValueError(
+                "engine.device cpu runs across nodes only with cluster.executor: mp (vLLM's CPU build has "
+                "no Ray device)"
+            )
         return self
 
     def env_strings(self) -> dict[str, str]:

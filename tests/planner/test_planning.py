@@ -188,7 +188,7 @@ def test_two_spark_recipe_uses_ray_tp2_and_the_cx7_env() -> None:
     assert p.env["NCCL_IB_DISABLE"] == "0"
     assert p.env["VLLM_HOST_IP"] == p.env["MASTER_ADDR"] == "192.168.100.10"
     assert p.container.devices == ("/dev/infiniband",)
-    assert any("ray start --head" in n for n in p.notes)
+    assert any("--nodes HEAD,WORKER" in n for n in p.notes)
     assert not any("head_address" in w for w in p.warnings)
     unset = plan(load_recipe("glm-5.3-flash-4bpw-2x"))
     assert any("cluster.head_address not set" in w for w in unset.warnings)

@@ -1,5 +1,5 @@
 # sparkctl plan for glm-5.3-flash-4bpw-2x (vllm, docker); serves http://127.0.0.1:8000/v1
-# note: start Ray on all 2 nodes first (head: `ray start --head --node-ip-address=<cx7 ip> --num-gpus=1`; workers: `ray start --address=<head>:6379`), with the model at the same path on every node; `up` runs the server on the head only
+# note: this is the head's command alone: `sparkctl up glm-5.3-flash-4bpw-2x --nodes HEAD,WORKER` checks all 2 nodes and starts each one's part with its own environment (`--dry-run` prints them); the model must be at the same path on every node
 docker run --rm \
   --name sparkctl-glm-5.3-flash-4bpw-2x \
   --gpus all \
@@ -29,7 +29,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=fe81ff5ecf185ce3347f5d488e6c89298db0486fc1ec8453a36a3d496201d18c \
+  --label io.sparkctl.recipe-hash=29ab147127516096becc5aaeac315ec5ee6b22da8cb07d78521b55d7030a4bc2 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-4bpw-2x \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=ae161a4c32fa0b110dae707df236d08019404d1b706023451c6703804ff428ac \
+  --label io.sparkctl.recipe-hash=500d3a25477d5cda0d9f9b80146d7034982f792265602a71d9fcfb158361164c \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-k2k3 \

@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=7bd85cac23718d2092bb7e20e7676d8a9d3487a82270579f54c9b85eb0c22570 \
+  --label io.sparkctl.recipe-hash=abf370746683fe9bc16f44ecccb36a49601a2d064e6539bdbe26d7ddd41c2293 \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash \

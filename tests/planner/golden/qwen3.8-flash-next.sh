@@ -16,7 +16,7 @@ docker run --rm \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
   --label io.sparkctl.recipe=qwen3.8-flash-next \
-  --label io.sparkctl.recipe-hash=513af50821038b51b24abf2fbc864a5bb7bd69195982b1089193d1dee3d8061f \
+  --label io.sparkctl.recipe-hash=4252e44eddcd76103b24f0788a60a80fe617e5eebe02a665443223dadad8414a \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/qwen3.8-flash-next \

@@ -1,0 +1,243 @@
+"""Starting, checking and stopping a cluster launch on its nodes, with a state file that names every
+container and process it started (on which node), so `down` removes all of them and `status` shows each.
+
+The server's endpoint is checked from here, so `up --nodes` runs on the head (the first node must be
+this machine). Any failure after the first start stops what was started, in reverse order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkctl.atomic import write_atomic
+from sparkctl.cluster.launch import ClusterLaunch, NodeStep
+from sparkctl.cluster.nodes import Node, run_on
+from sparkctl.errors import RuntimeFailure, UserError
+from sparkctl.paths import state_dir
+
+RAY_WAIT_S = 180.0
+
+
+@dataclass
+class Started:
+    node: str
+    kind: str  # "container" | "process"
+    ident: str  # container id, or the pid (= process group) on that node
+    what: str
+    log: str = ""  # where its output goes on that node (processes; the server in a container)
+    container: str = ""  # the container a `docker exec` server runs in
+
+
+@dataclass
+class ClusterState:
+    recipe: str
+    base_url: str
+    executor: str
+    runtime: str
+    nodes: list[dict[str, Any]]
+    started: list[Started] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    served_model_name: str = ""
+
+    def node(self, address: str) -> Node:
+        for n in self.nodes:
+            if n["address"] == address:
+                return Node(**n)
+        raise KeyError(address)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def state_path(recipe: str) -> Path:
+    return state_dir() / f"cluster-{recipe}.json"
+
+
+def save(state: ClusterState) -> None:
+    path = state_path(state.recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(state.to_json(), indent=2))
+
+
+def load(recipe: str) -> ClusterState | None:
+    path = state_path(recipe)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    started = [Started(**s) for s in data.pop("started", [])]
+    return ClusterState(**data, started=started)
+
+
+def all_states() -> list[ClusterState]:
+    out = []
+    for path in sorted(state_dir().glob("cluster-*.json")) if state_dir().is_dir() else []:
+        state = load(path.stem.removeprefix("cluster-"))
+        if state is not None:
+            out.append(state)
+    return out
+
+
+def start(
+    launch: ClusterLaunch, nodes: list[Node], base_url: str, model: str, log: Callable[[str], None]
+) -> ClusterState:
+    """Run every step of `launch` on its node; returns the state (saved) once the server step started."""
+    if not nodes[0].is_local:
+        raise UserError(
+            f"run `sparkctl up` on the head: the first of --nodes ({nodes[0].address}) must be this machine "
+            "(localhost), where the endpoint is checked"
+        )
+    by_addr = {n.address: n for n in nodes}
+    state = ClusterState(
+        recipe=launch.recipe_name,
+        base_url=base_url,
+        executor=launch.executor,
+        runtime=launch.runtime,
+        nodes=[asdict(n) for n in nodes],
+        served_model_name=model,
+    )
+    save(state)
+    try:
+        for i, step in enumerate(launch.steps):
+            node = by_addr[step.node]
+            if step.wait_gpus:
+                _wait_ray(node, step, log)
+                continue
+            started = _run_step(node, step, launch.recipe_name, i)
+            if started is not None:
+                state.started.append(started)
+                save(state)
+            log(f"{step.node}: {step.what}")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            stop(state)
+        raise
+    return state
+
+
+def _run_step(node: Node, step: NodeStep, recipe: str, index: int) -> Started | None:
+    argv = list(step.argv)
+    if argv[:3] == ["docker", "run", "-d"]:
+        name = argv[argv.index("--name") + 1]
+        run_on(node, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true\n", timeout_s=60)
+        out = _check(node, shlex.join(argv), step.what, timeout_s=600)
+        return Started(step.node, "container", out.strip().splitlines()[-1][:64], step.what, container=name)
+    if argv[:2] == ["docker", "exec"] and "vllm" in argv:
+        name = argv[2]
+        log_file = f"/tmp/sparkctl-{recipe}-server.log"
+        inner = shlex.join(argv[3:])
+        cmd = ["docker", "exec", "-d", name, "sh", "-c", f"exec {inner} > {log_file} 2>&1"]
+        _check(node, shlex.join(cmd), step.what)
+        return Started(step.node, "exec", name, step.what, log=log_file, container=name)
+    if argv[0] == "docker":
+        _check(node, shlex.join(argv), step.what)
+        return None
+    if argv[:2] == ["sh", "-c"]:
+        _check(node, shlex.join(["env", *(f"{k}={v}" for k, v in step.env.items()), *argv]), step.what)
+        return None
+    # a native process: its own session (pid = process group), output to a log on that node
+    log_file = f"/tmp/sparkctl-{recipe}-{index}-{step.role}.log"
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in step.env.items())
+    script = f"setsid env {env} {shlex.join(argv)} > {log_file} 2>&1 < /dev/null &\necho $!\n"
+    out = _check(node, script, step.what)
+    return Started(step.node, "process", out.strip().splitlines()[-1], step.what, log=log_file)
+
+
+def _check(node: Node, script: str, what: str, *, timeout_s: float = 120.0) -> str:
+    proc = run_on(node, script + "\n", timeout_s=timeout_s)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise RuntimeFailure(f"node {node.address}: {what} failed: {tail[0][:300]}")
+    return proc.stdout
+
+
+_NODE_LINE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.MULTILINE)
+
+
+def ray_node_count(status_text: str) -> int:
+    """Active nodes in `ray status` output (the `Active:` block lists `1 node_<id>` per node)."""
+    active = status_text.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in status_text else ""
+    return len(_NODE_LINE.findall(active))
+
+
+def _wait_ray(node: Node, step: NodeStep, log: Callable[[str], None]) -> None:
+    want = step.wait_gpus or 0
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in step.env.items())
+    cmd = (f"env {env} " if env else "") + shlex.join(step.argv) + " 2>&1"
+    deadline = time.monotonic() + RAY_WAIT_S
+    seen = 0
+    while time.monotonic() < deadline:
+        proc = run_on(node, cmd + "\n", timeout_s=60)
+        seen = ray_node_count(proc.stdout)
+        if seen >= want:
+            log(f"{step.node}: Ray lists {seen} nodes")
+            return
+        time.sleep(2)
+    raise RuntimeFailure(
+        f"Ray lists {seen} of {want} nodes after {RAY_WAIT_S:.0f} s",
+        hint="check the worker can reach the head's Ray port over the CX7 link (`sparkctl cluster check`), "
+        "and the worker's log (`sparkctl logs RECIPE`)",
+    )
+
+
+def stop(state: ClusterState, timeout_s: float = 30.0) -> list[str]:
+    """Stop everything the launch started, last first; returns what was stopped. Stopped ones are fine."""
+    done = []
+    for s in reversed(state.started):
+        node = state.node(s.node)
+        if s.kind == "container":
+            run_on(node, f"docker rm -f {shlex.quote(s.ident)} >/dev/null 2>&1 || true\n", timeout_s=120)
+        elif s.kind == "process":
+            pid = int(s.ident)
+            script = (
+                f"kill -TERM -{pid} 2>/dev/null || exit 0\n"
+                f"i=0; while kill -0 -{pid} 2>/dev/null && [ $i -lt {int(timeout_s * 10)} ]; do sleep 0.1; i=$((i+1)); done\n"
+                f"kill -KILL -{pid} 2>/dev/null || true\n"
+            )
+            run_on(node, script, timeout_s=timeout_s + 30)
+        done.append(f"{s.node}: {s.what}")
+    state_path(state.recipe).unlink(missing_ok=True)
+    return done
+
+
+def status_rows(state: ClusterState) -> list[dict[str, Any]]:
+    rows = []
+    for s in state.started:
+        node = state.node(s.node)
+        if s.kind in ("container", "exec"):
+            target = s.container or s.ident
+            proc = run_on(
+                node, f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(target)} 2>/dev/null\n"
+            )
+            alive = proc.stdout.strip() == "running"
+        else:
+            proc = run_on(node, f"kill -0 -{int(s.ident)} 2>/dev/null && echo running\n")
+            alive = proc.stdout.strip() == "running"
+        rows.append(
+            {"node": s.node, "what": s.what, "kind": s.kind, "id": s.ident, "running": alive, "log": s.log}
+        )
+    return rows
+
+
+def log_lines(state: ClusterState, tail: int | None = None) -> list[str]:
+    """Every node's logs, each line prefixed with its node (what `sparkctl logs` prints for a cluster)."""
+    out = []
+    n = f"-n {tail}" if tail is not None else "-n +1"
+    for s in state.started:
+        node = state.node(s.node)
+        if s.kind == "container":
+            cmd = f"docker logs {'--tail ' + str(tail) if tail is not None else ''} {shlex.quote(s.ident)} 2>&1\n"
+        elif s.kind == "exec":
+            cmd = f"docker exec {shlex.quote(s.container)} tail {n} {shlex.quote(s.log)} 2>&1\n"
+        else:
+            cmd = f"tail {n} {shlex.quote(s.log)} 2>&1\n"
+        proc = run_on(node, cmd)
+        out += [f"[{s.node}] {line}" for line in proc.stdout.splitlines()]
+    return out
