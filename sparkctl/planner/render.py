@@ -1,7 +1,10 @@
 """A Plan as something a person can run by hand: a shell command, JSON, or a docker-compose file.
 
-These are views of the same Plan that `up` executes, so what `render` prints is what `up` runs; the
-only additions are the ones a hand-run needs (a `--rm`, the HF token passed through from the shell).
+These are views of the same Plan that `up` executes, so what `render` prints is what `up` runs: a docker
+plan's `docker run` and compose service are both translations of `container.container_run(plan)`, the
+record the SDK runtime also starts its container from (tests/planner/test_container_parity.py holds the
+three together). The only additions are the ones a hand-run needs (a `--rm`, the HF token passed through
+from the shell: `ContainerRun.hand_run_env`).
 
 Every value is quoted for its target, whatever the recipe says: shell words through shlex (a comment
 line cannot be left by a newline in a host or a note), compose strings with `$` doubled in every field
@@ -127,7 +130,7 @@ def render_shell(plan: Plan) -> str:
         lines += ["  " + line for line in head[1:]]
         return header + _CONT.join(lines) + "\n"
     run = container_run(plan)
-    opts = [" ".join(group) for group in docker_run_groups(run)]
+    opts = [shlex.join(group) for group in docker_run_groups(run)]
     rest = _arg_lines(list(run.command))
     lines = [opts[0]] + ["  " + o for o in opts[1:]] + ["  " + r for r in rest]
     return header + _CONT.join(lines) + "\n"
@@ -138,14 +141,13 @@ def _publish_spec(host: str, port: int) -> str:
 
 
 def docker_run_groups(run: ContainerRun) -> list[list[str]]:
-    """`docker run` of `run` as shell-quoted words, one option (with its values) a group: a group is a line
-    of the rendered script, and the words of all groups up to the image are the argv (minus the command)."""
-    q = shlex.quote
+    """`docker run` of `run` up to the image, one option (with its values) a group: a group is one line of
+    the rendered script (shlex-joined), and all groups' words plus `run.command` are the argv."""
     if run.restart_policy == "no":  # a hand-run cleans up after itself; `up` keeps a dead container's log
         first = ["docker", "run", "--rm"]
     else:
-        first = ["docker", "run", "-d", "--restart", q(run.restart_policy)]
-    groups = [first, ["--name", q(_not_a_flag(run.name, "container name"))]]
+        first = ["docker", "run", "-d", "--restart", run.restart_policy]
+    groups = [first, ["--name", _not_a_flag(run.name, "container name")]]
     if run.init:
         groups.append(["--init"])
     if run.gpus:
@@ -153,37 +155,37 @@ def docker_run_groups(run: ContainerRun) -> list[list[str]]:
     if run.network_host:
         groups.append(["--network", "host"])
     for host, port in run.publish:
-        groups.append(["-p", q(_publish_spec(host, port))])
+        groups.append(["-p", _publish_spec(host, port)])
     if run.ipc_host:
         groups.append(["--ipc", "host"])
     if run.shm_size:
-        groups.append(["--shm-size", q(run.shm_size)])
+        groups.append(["--shm-size", run.shm_size])
     if run.memory_limit:
-        groups.append(["--memory", q(run.memory_limit), "--memory-swap", q(run.memory_limit)])
+        groups.append(["--memory", run.memory_limit, "--memory-swap", run.memory_limit])
     for name, (soft, hard) in run.ulimits.items():
         if not _ULIMIT_NAME.fullmatch(name):
             raise UserError(f"cannot render ulimit {name!r}: not a ulimit name")
         groups.append(["--ulimit", f"{name}={int(soft)}:{int(hard)}"])
     for dev in run.devices:
-        groups.append(["--device", q(_not_a_flag(dev, "device"))])
+        groups.append(["--device", _not_a_flag(dev, "device")])
     for m in run.mounts:
-        groups.append(["-v", q(_bind_spec(m.source, m.target, m.read_only))])
+        groups.append(["-v", _bind_spec(m.source, m.target, m.read_only)])
     for k, v in run.env.items():
-        groups.append(["-e", q(f"{_env_key(k)}={v}")])
+        groups.append(["-e", f"{_env_key(k)}={v}"])
     for k in run.hand_run_env:
         groups.append(["-e", _env_key(k)])
     for f in run.env_files:
-        groups.append(["--env-file", q(f)])
+        groups.append(["--env-file", f])
     for k, v in run.labels.items():
-        groups.append(["--label", q(f"{k}={v}")])
+        groups.append(["--label", f"{k}={v}"])
     h = run.healthcheck
-    groups.append(["--health-cmd", q(h.command)])
+    groups.append(["--health-cmd", h.command])
     groups.append(
         ["--health-interval", f"{h.interval_s}s", "--health-timeout", f"{h.timeout_s}s", "--health-retries",
          str(h.retries), "--health-start-period", f"{h.start_period_s}s"]
     )  # fmt: skip
-    groups.append(["--entrypoint", q(run.entrypoint)])
-    groups.append([q(_not_a_flag(run.image, "image"))])
+    groups.append(["--entrypoint", run.entrypoint])
+    groups.append([_not_a_flag(run.image, "image")])
     return groups
 
 
