@@ -1,7 +1,10 @@
 """A Plan as something a person can run by hand: a shell command, JSON, or a docker-compose file.
 
-These are views of the same Plan that `up` executes, so what `render` prints is what `up` runs; the
-only additions are the ones a hand-run needs (a `--rm`, the HF token passed through from the shell).
+These are views of the same Plan that `up` executes, so what `render` prints is what `up` runs: a docker
+plan's `docker run` and compose service are both translations of `container.container_run(plan)`, the
+record the SDK runtime also starts its container from (tests/planner/test_container_parity.py holds the
+three together). The only additions are the ones a hand-run needs (a `--rm`, the HF token passed through
+from the shell: `ContainerRun.hand_run_env`).
 
 Every value is quoted for its target, whatever the recipe says: shell words through shlex (a comment
 line cannot be left by a newline in a host or a note), compose strings with `$` doubled in every field
@@ -19,6 +22,7 @@ import shlex
 from typing import Any
 
 from sparkctl.errors import UserError
+from sparkctl.planner.container import ContainerRun, container_run
 from sparkctl.planner.types import Plan
 
 FORMATS = ("shell", "json", "compose")
@@ -125,42 +129,64 @@ def render_shell(plan: Plan) -> str:
         lines.append(head[0])
         lines += ["  " + line for line in head[1:]]
         return header + _CONT.join(lines) + "\n"
-    c = plan.container
-    first = "docker run --rm" if c.restart_policy == "no" else f"docker run -d --restart {c.restart_policy}"
-    opts: list[str] = [first, f"--name {shlex.quote(_not_a_flag(c.name, 'container name'))}"]
-    if c.gpus:
-        opts.append("--gpus all")
-    if c.network_host:
-        opts.append("--network host")
-    else:
-        opts.append(f"-p {plan.port}:{plan.port}")
-    if c.ipc_host:
-        opts.append("--ipc host")
-    if c.shm_size:
-        opts.append(f"--shm-size {shlex.quote(c.shm_size)}")
-    if c.memory_limit:
-        opts.append(f"--memory {shlex.quote(c.memory_limit)} --memory-swap {shlex.quote(c.memory_limit)}")
-    for name, (soft, hard) in c.ulimits.items():
-        if not _ULIMIT_NAME.fullmatch(name):
-            raise UserError(f"cannot render ulimit {name!r}: not a ulimit name")
-        opts.append(f"--ulimit {name}={int(soft)}:{int(hard)}")
-    for dev in c.devices:
-        opts.append(f"--device {shlex.quote(_not_a_flag(dev, 'device'))}")
-    for m in c.mounts:
-        opts.append(f"-v {shlex.quote(_bind_spec(m.source, m.target, m.read_only))}")
-    for k, v in plan.env.items():
-        opts.append(f"-e {shlex.quote(f'{_env_key(k)}={v}')}")
-    if plan.model.needs_token:
-        opts.append("-e HF_TOKEN")
-    if plan.api_key_file:
-        opts.append(f"--env-file {shlex.quote(plan.api_key_file)}")
-    for k, v in c.labels.items():
-        opts.append(f"--label {shlex.quote(f'{k}={v}')}")
-    opts.append(f"--entrypoint {shlex.quote(plan.argv[0])}")
-    opts.append(shlex.quote(_not_a_flag(c.image, "image")))
-    rest = _arg_lines(list(plan.argv[1:]))
+    run = container_run(plan)
+    opts = [shlex.join(group) for group in docker_run_groups(run)]
+    rest = _arg_lines(list(run.command))
     lines = [opts[0]] + ["  " + o for o in opts[1:]] + ["  " + r for r in rest]
     return header + _CONT.join(lines) + "\n"
+
+
+def _publish_spec(host: str, port: int) -> str:
+    return f"[{host}]:{port}:{port}" if ":" in host else f"{host}:{port}:{port}"
+
+
+def docker_run_groups(run: ContainerRun) -> list[list[str]]:
+    """`docker run` of `run` up to the image, one option (with its values) a group: a group is one line of
+    the rendered script (shlex-joined), and all groups' words plus `run.command` are the argv."""
+    if run.restart_policy == "no":  # a hand-run cleans up after itself; `up` keeps a dead container's log
+        first = ["docker", "run", "--rm"]
+    else:
+        first = ["docker", "run", "-d", "--restart", run.restart_policy]
+    groups = [first, ["--name", _not_a_flag(run.name, "container name")]]
+    if run.init:
+        groups.append(["--init"])
+    if run.gpus:
+        groups.append(["--gpus", "all"])
+    if run.network_host:
+        groups.append(["--network", "host"])
+    for host, port in run.publish:
+        groups.append(["-p", _publish_spec(host, port)])
+    if run.ipc_host:
+        groups.append(["--ipc", "host"])
+    if run.shm_size:
+        groups.append(["--shm-size", run.shm_size])
+    if run.memory_limit:
+        groups.append(["--memory", run.memory_limit, "--memory-swap", run.memory_limit])
+    for name, (soft, hard) in run.ulimits.items():
+        if not _ULIMIT_NAME.fullmatch(name):
+            raise UserError(f"cannot render ulimit {name!r}: not a ulimit name")
+        groups.append(["--ulimit", f"{name}={int(soft)}:{int(hard)}"])
+    for dev in run.devices:
+        groups.append(["--device", _not_a_flag(dev, "device")])
+    for m in run.mounts:
+        groups.append(["-v", _bind_spec(m.source, m.target, m.read_only)])
+    for k, v in run.env.items():
+        groups.append(["-e", f"{_env_key(k)}={v}"])
+    for k in run.hand_run_env:
+        groups.append(["-e", _env_key(k)])
+    for f in run.env_files:
+        groups.append(["--env-file", f])
+    for k, v in run.labels.items():
+        groups.append(["--label", f"{k}={v}"])
+    h = run.healthcheck
+    groups.append(["--health-cmd", h.command])
+    groups.append(
+        ["--health-interval", f"{h.interval_s}s", "--health-timeout", f"{h.timeout_s}s", "--health-retries",
+         str(h.retries), "--health-start-period", f"{h.start_period_s}s"]
+    )  # fmt: skip
+    groups.append(["--entrypoint", run.entrypoint])
+    groups.append([_not_a_flag(run.image, "image")])
+    return groups
 
 
 def _compose_escape(value: Any) -> Any:
@@ -185,36 +211,43 @@ def render_compose(plan: Plan) -> str:
     """A docker-compose.yml equivalent of the docker plan; `docker compose up -d` runs it by hand."""
     import yaml
 
-    c = plan.container
-    if c is None:
+    if plan.container is None:
         raise UserError(
             f"recipe {plan.recipe_name} runs natively (runtime: native); compose needs a container",
             hint="--set runtime=docker --set container.image=<image>, or use --format shell",
         )
+    run = container_run(plan)
     service: dict[str, Any] = {
-        "image": c.image,
-        "container_name": c.name,
-        "entrypoint": list(plan.argv),
+        "image": run.image,
+        "container_name": run.name,
+        "entrypoint": [run.entrypoint, *run.command],
     }
-    if c.network_host:
+    if run.init:
+        service["init"] = True
+    if run.network_host:
         service["network_mode"] = "host"
-    else:
-        service["ports"] = [f"{plan.port}:{plan.port}"]
-    if c.ipc_host:
+    if run.publish:
+        service["ports"] = [
+            {"target": port, "published": str(port), "host_ip": host, "protocol": "tcp"}
+            for host, port in run.publish
+        ]
+    if run.ipc_host:
         service["ipc"] = "host"
-    if c.shm_size:
-        service["shm_size"] = c.shm_size
-    if c.memory_limit:
-        service["mem_limit"] = c.memory_limit
-        service["memswap_limit"] = c.memory_limit
-    if c.ulimits:
-        service["ulimits"] = {name: {"soft": soft, "hard": hard} for name, (soft, hard) in c.ulimits.items()}
-    if c.devices:
-        for d in c.devices:
+    if run.shm_size:
+        service["shm_size"] = run.shm_size
+    if run.memory_limit:
+        service["mem_limit"] = run.memory_limit
+        service["memswap_limit"] = run.memory_limit
+    if run.ulimits:
+        service["ulimits"] = {
+            name: {"soft": soft, "hard": hard} for name, (soft, hard) in run.ulimits.items()
+        }
+    if run.devices:
+        for d in run.devices:
             if ":" in d:
                 raise UserError(f"cannot render device {d!r}: compose cannot take a path with ':'")
-        service["devices"] = [f"{d}:{d}" for d in c.devices]
-    if c.mounts:
+        service["devices"] = [f"{d}:{d}" for d in run.devices]
+    if run.mounts:
         service["volumes"] = [
             {
                 "type": "bind",
@@ -223,39 +256,31 @@ def render_compose(plan: Plan) -> str:
                 "read_only": m.read_only,
                 "bind": {"create_host_path": True},
             }
-            for m in c.mounts
+            for m in run.mounts
         ]
-    env = {_env_key(k): v for k, v in plan.env.items()}
-    if env or plan.model.needs_token:
-        service["environment"] = env
-    if plan.api_key_file:  # compose reads the key from the 0600 file; it is never inline
-        service["env_file"] = [plan.api_key_file]
-    if c.labels:
-        service["labels"] = dict(c.labels)
-    if c.gpus:
+    service["environment"] = {_env_key(k): v for k, v in run.env.items()}
+    if run.env_files:  # compose reads the key from the 0600 file; it is never inline
+        service["env_file"] = list(run.env_files)
+    service["labels"] = dict(run.labels)
+    if run.gpus:
         service["deploy"] = {
             "resources": {
                 "reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}
             }
         }
-    probe_host = "127.0.0.1" if plan.host in ("0.0.0.0", "::") else plan.host
-    url = f"http://{probe_host}:{plan.port}/health"
-    if plan.engine == "vllm":
-        test = ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=5)"]
-    else:
-        test = ["CMD", "curl", "-fsS", url]
+    h = run.healthcheck
     service["healthcheck"] = {
-        "test": test,
-        "interval": "30s",
-        "timeout": "10s",
-        "retries": 3,
-        "start_period": f"{int(plan.health_timeout_s)}s",
+        "test": ["CMD-SHELL", h.command],
+        "interval": f"{h.interval_s}s",
+        "timeout": f"{h.timeout_s}s",
+        "retries": h.retries,
+        "start_period": f"{h.start_period_s}s",
     }
-    service["restart"] = c.restart_policy
+    service["restart"] = run.restart_policy
     service = _compose_escape(service)
-    if plan.model.needs_token:  # the one deliberate interpolation: the token comes from the caller's shell
-        service["environment"]["HF_TOKEN"] = "${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"
-    doc = {"name": compose_project_name(c.name), "services": {plan.recipe_name.replace(".", "-"): service}}
+    for k in run.hand_run_env:  # the one deliberate interpolation: the token comes from the caller's shell
+        service["environment"][_env_key(k)] = f"${{{k}:?set {k}: the model repo is gated}}"
+    doc = {"name": compose_project_name(run.name), "services": {plan.recipe_name.replace(".", "-"): service}}
     header = (
         f"# docker-compose file for the sparkctl recipe {plan.recipe_name} (recipe hash {plan.recipe_hash[:12]}).\n"
         f"# Generated by `sparkctl render {plan.recipe_name} --format compose`; run it by hand with\n"

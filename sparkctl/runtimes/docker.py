@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psutil
 
 from sparkctl.atomic import write_atomic
-from sparkctl.errors import RuntimeFailure, UserError, write_failure
+from sparkctl.errors import RuntimeFailure, write_failure
+from sparkctl.planner.container import (  # re-exported: the labels and the name are the runtime's API
+    LABEL_MANAGED,
+    LABEL_MODEL,  # noqa: F401
+    LABEL_PORT,  # noqa: F401
+    LABEL_RECIPE,
+    LABEL_RECIPE_HASH,  # noqa: F401
+    ContainerRun,
+    container_name_for,  # noqa: F401
+    container_run,
+)
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
@@ -34,14 +44,9 @@ if TYPE_CHECKING:  # the SDK is imported lazily: `sparkctl list` must not pay fo
     import docker
     from docker.models.containers import Container
 
-    from sparkctl.planner.types import ContainerSpec, Plan
+    from sparkctl.planner.types import Plan
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-LABEL_MANAGED = "io.sparkctl.managed"
-LABEL_RECIPE = "io.sparkctl.recipe"
-LABEL_RECIPE_HASH = "io.sparkctl.recipe-hash"
-LABEL_PORT = "io.sparkctl.port"
-LABEL_MODEL = "io.sparkctl.served-model-name"
 # The Spark image is built by `sparkctl build` (docker/Dockerfile); what `up` suggests when it is missing.
 SPARK_BUILD_HINT = "sparkctl build {recipe} (or sparkctl up {recipe} --build)"
 TEST_IMAGE_PREFIX = "sparkctl-test:"
@@ -50,10 +55,6 @@ TEST_IMAGE_PREFIX = "sparkctl-test:"
 def docker_host() -> str:
     """The daemon address the SDK will use, for messages (DOCKER_HOST or the default socket)."""
     return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
-
-
-def container_name_for(recipe_name: str) -> str:
-    return f"sparkctl-{recipe_name}"
 
 
 def image_build_hint(image: str, recipe: str | None = None) -> str:
@@ -151,17 +152,79 @@ def ensure_image(image: str, client: docker.DockerClient | None = None, recipe: 
 
 def ensure_plan_image(plan: Plan) -> str:
     """`ensure_image` for a docker Plan (what the `up` pipeline calls at its "ensure image" step)."""
-    spec = _container_spec(plan)
-    return ensure_image(spec.image, recipe=plan.recipe_name)
+    return ensure_image(container_run(plan).image, recipe=plan.recipe_name)
 
 
-def _container_spec(plan: Plan) -> ContainerSpec:
-    if plan.container is None:
-        raise UserError(
-            f"recipe {plan.recipe_name} has no container settings for the docker runtime",
-            hint="set container.image in the recipe, or use runtime: native",
-        )
-    return plan.container
+_NS = 1_000_000_000
+
+
+def create_kwargs(run: ContainerRun) -> dict[str, Any]:
+    """`client.containers.create(**create_kwargs(run))`: the SDK's words for the container `run` describes.
+
+    Pure: `start` prepares the mount sources on the host (and adds the link-target mounts) first."""
+    from docker.types import DeviceRequest, Mount, Ulimit
+
+    h = run.healthcheck
+    kwargs: dict[str, Any] = {
+        "image": run.image,
+        "entrypoint": [run.entrypoint],
+        "command": list(run.command),
+        "name": run.name,
+        "detach": True,
+        # the env files as `docker run --env-file` reads them (-e wins); the key is never in run.env
+        "environment": {k: v for f in run.env_files for k, v in env_of(f).items()} | run.env,
+        "labels": dict(run.labels),
+        "mounts": [
+            Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only) for m in run.mounts
+        ],
+        "ulimits": [Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in run.ulimits.items()],
+        # No auto-remove: the log of a container that died during start-up is what explains it.
+        "auto_remove": False,
+        "init": run.init,
+        "healthcheck": {
+            "test": ["CMD-SHELL", h.command],
+            "interval": h.interval_s * _NS,
+            "timeout": h.timeout_s * _NS,
+            "retries": h.retries,
+            "start_period": h.start_period_s * _NS,
+        },
+    }
+    if run.restart_policy != "no":  # `up --persist`: back after a reboot; `down` removes the container
+        kwargs["restart_policy"] = {"Name": run.restart_policy}
+    if run.network_host:
+        kwargs["network_mode"] = "host"
+    if run.publish:
+        kwargs["ports"] = {f"{port}/tcp": (host, port) for host, port in run.publish}
+    if run.ipc_host:
+        kwargs["ipc_mode"] = "host"
+    if run.shm_size:
+        kwargs["shm_size"] = run.shm_size
+    if run.gpus:
+        kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    if run.devices:
+        kwargs["devices"] = [f"{d}:{d}:rwm" for d in run.devices]
+    if run.memory_limit:
+        # Same cap for memory+swap: a runaway load becomes a container OOM, not a host-wide one.
+        kwargs["mem_limit"] = run.memory_limit
+        kwargs["memswap_limit"] = run.memory_limit
+    return kwargs
+
+
+def prepare_mounts(run: ContainerRun) -> list[tuple[str, str]]:
+    """Make the host side of `run`'s mounts ready; return the extra read-only (host dir, container dir)
+    mounts its symlinks need (link_target_mounts). A missing read-only source is a RuntimeFailure."""
+    for m in run.mounts:
+        source = Path(m.source)
+        if not source.exists():
+            if m.read_only:
+                raise RuntimeFailure(
+                    f"mount source {source} does not exist (read-only mount to {m.target})",
+                    hint="fix container.mounts in the recipe",
+                )
+            # Writable mounts are caches (HF hub, JIT caches): create them rather than let Docker
+            # create a root-owned directory, or fail.
+            source.mkdir(parents=True, exist_ok=True)
+    return link_target_mounts([(Path(m.source), m.target) for m in run.mounts])
 
 
 def _api_text(exc: Exception) -> str:
@@ -223,28 +286,27 @@ class DockerRuntime:
         nothing of ours behind.
         """
         from docker.errors import APIError, ImageNotFound
+        from docker.types import Mount
 
-        spec = _container_spec(plan)
+        run = container_run(plan)
         client = self.client
-        image_id = ensure_image(spec.image, client)
-        name = spec.name or container_name_for(plan.recipe_name)
+        image_id = ensure_image(run.image, client)
+        name = run.name
         self._clear_name(name, plan.recipe_name)
 
         # Host network: a taken port would otherwise surface only as the engine's "address already in
         # use" deep in the container log, after the image has started.
         ensure_free(plan.host, plan.port)
 
-        if not plan.argv:
-            raise UserError(f"recipe {plan.recipe_name} produced an empty engine command line")
-        kwargs = self._create_kwargs(plan, spec, name)
+        kwargs = create_kwargs(run)
+        for host_dir, container_dir in prepare_mounts(run):
+            kwargs["mounts"].append(Mount(target=container_dir, source=host_dir, type="bind", read_only=True))
         try:
-            container = client.containers.create(
-                spec.image, command=list(plan.argv[1:]), entrypoint=[plan.argv[0]], **kwargs
-            )
+            container = client.containers.create(**kwargs)
         except ImageNotFound:
             raise RuntimeFailure(
-                f"Docker image {spec.image} not found locally",
-                hint=image_build_hint(spec.image, plan.recipe_name),
+                f"Docker image {run.image} not found locally",
+                hint=image_build_hint(run.image, plan.recipe_name),
             ) from None
         except APIError as exc:
             raise RuntimeFailure(
@@ -269,73 +331,9 @@ class DockerRuntime:
             log_path,
             container_id=container.id,
             container_name=name,
-            extra={"image": spec.image, "image_id": image_id}
+            extra={"image": run.image, "image_id": image_id}
             | ({"api_key_file": plan.api_key_file} if plan.api_key_file else {}),
         )
-
-    def _create_kwargs(self, plan: Plan, spec: ContainerSpec, name: str) -> dict[str, Any]:
-        from docker.types import DeviceRequest, Mount, Ulimit
-
-        mounts = []
-        for m in spec.mounts:
-            source = Path(m.source).expanduser()
-            if not source.exists():
-                if m.read_only:
-                    raise RuntimeFailure(
-                        f"mount source {source} does not exist (read-only mount to {m.target})",
-                        hint="fix container.mounts in the recipe",
-                    )
-                # Writable mounts are caches (HF hub, JIT caches): create them rather than let Docker
-                # create a root-owned directory, or fail.
-                source.mkdir(parents=True, exist_ok=True)
-            mounts.append(Mount(target=m.target, source=str(source), type="bind", read_only=m.read_only))
-        binds = [(Path(m["Source"]), m["Target"]) for m in mounts]
-        for host_dir, container_dir in link_target_mounts(binds):
-            mounts.append(Mount(target=container_dir, source=host_dir, type="bind", read_only=True))
-        labels = dict(spec.labels)
-        labels.update(
-            {
-                LABEL_MANAGED: "true",
-                LABEL_RECIPE: plan.recipe_name,
-                LABEL_RECIPE_HASH: plan.recipe_hash,
-                LABEL_PORT: str(plan.port),
-                LABEL_MODEL: plan.served_model_name,
-            }
-        )
-        kwargs: dict[str, Any] = {
-            "name": name,
-            "detach": True,
-            # SPARKCTL_PORT: what the image's HEALTHCHECK probes (docker/Dockerfile).
-            # the API key from its 0600 env file, like `docker run --env-file` (never in plan.env or argv)
-            "environment": {**plan.env, **env_of(plan.api_key_file), "SPARKCTL_PORT": str(plan.port)},
-            "labels": labels,
-            "mounts": mounts,
-            "ulimits": [Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in spec.ulimits.items()],
-            # No auto-remove: the log of a container that died during start-up is what explains it.
-            "auto_remove": False,
-            # An init as PID 1 forwards SIGTERM to the engine and reaps its workers; a bare Python as
-            # PID 1 ignores SIGTERM, so every `down` would wait out the timeout and end in SIGKILL.
-            "init": True,
-        }
-        if spec.restart_policy != "no":  # `up --persist`: back after a reboot; `down` removes the container
-            kwargs["restart_policy"] = {"Name": spec.restart_policy}
-        if spec.network_host:
-            kwargs["network_mode"] = "host"
-        else:
-            kwargs["ports"] = {f"{plan.port}/tcp": (plan.host, plan.port)}
-        if spec.ipc_host:
-            kwargs["ipc_mode"] = "host"  # /dev/shm is the host's; Docker rejects a size with it
-        elif spec.shm_size:
-            kwargs["shm_size"] = spec.shm_size
-        if spec.gpus:
-            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        if spec.devices:
-            kwargs["devices"] = [d if ":" in d else f"{d}:{d}:rwm" for d in spec.devices]
-        if spec.memory_limit:
-            # Same cap for memory+swap: a runaway load becomes a container OOM, not a host-wide one.
-            kwargs["mem_limit"] = spec.memory_limit
-            kwargs["memswap_limit"] = spec.memory_limit
-        return kwargs
 
     def _clear_name(self, name: str, recipe: str) -> None:
         """Remove a stopped container of ours holding `name`; refuse a running one or a foreign one."""

@@ -135,12 +135,13 @@ def test_render_compose_is_a_runnable_compose_file() -> None:
     svc = doc["services"]["glm-5-3-flash"]
     assert svc["image"] == "sparkctl/vllm-exl3:0.33.0-sm121"
     assert svc["entrypoint"][:3] == ["vllm", "serve", "/models/glm-5.3-flash"]
-    assert svc["network_mode"] == "host" and svc["ipc"] == "host" and svc["shm_size"] == "16g"
+    assert svc["network_mode"] == "host" and svc["ipc"] == "host" and "shm_size" not in svc  # host /dev/shm
+    assert svc["init"] is True and svc["environment"]["SPARKCTL_PORT"] == "8000"
     assert svc["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
     gpu = svc["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
     assert svc["environment"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert svc["healthcheck"]["test"][0] == "CMD"
+    assert svc["healthcheck"]["test"][0] == "CMD-SHELL"
     assert svc["healthcheck"]["start_period"] == "1800s"
     assert "http://127.0.0.1:8000/health" in svc["healthcheck"]["test"][-1]
     targets = {v["target"] for v in svc["volumes"]}

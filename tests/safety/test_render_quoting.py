@@ -82,13 +82,13 @@ def docker_argv(plan: Plan) -> list[str]:
     """The `docker run` argv render --format shell must produce, built from the Plan alone."""
     c = plan.container
     assert c is not None
-    out = ["docker", "run", "--rm", "--name", c.name]
+    out = ["docker", "run", "--rm", "--name", c.name, "--init"]
     if c.gpus:
         out += ["--gpus", "all"]
-    out += ["--network", "host"] if c.network_host else ["-p", f"{plan.port}:{plan.port}"]
+    out += ["--network", "host"] if c.network_host else ["-p", f"{plan.host}:{plan.port}:{plan.port}"]
     if c.ipc_host:
         out += ["--ipc", "host"]
-    if c.shm_size:
+    elif c.shm_size:  # with the host's IPC namespace a size means nothing, and is left out
         out += ["--shm-size", c.shm_size]
     if c.memory_limit:
         out += ["--memory", c.memory_limit, "--memory-swap", c.memory_limit]
@@ -98,13 +98,39 @@ def docker_argv(plan: Plan) -> list[str]:
         out += ["--device", dev]
     for m in c.mounts:
         out += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
-    for k, v in plan.env.items():
+    for k, v in {**plan.env, "SPARKCTL_PORT": str(plan.port)}.items():
         out += ["-e", f"{k}={v}"]
     if plan.model.needs_token:
         out += ["-e", "HF_TOKEN"]
-    for k, v in c.labels.items():
+    for k, v in runtime_labels(plan).items():
         out += ["--label", f"{k}={v}"]
+    out += ["--health-cmd", health_cmd(plan)]
+    out += ["--health-interval", "30s", "--health-timeout", "10s", "--health-retries", "3"]
+    out += ["--health-start-period", f"{int(plan.health_timeout_s)}s"]
     return [*out, "--entrypoint", plan.argv[0], c.image, *plan.argv[1:]]
+
+
+def runtime_labels(plan: Plan) -> dict[str, str]:
+    """The recipe's labels plus the ones `up` finds its containers by."""
+    assert plan.container is not None
+    return {
+        **plan.container.labels,
+        "io.sparkctl.managed": "true",
+        "io.sparkctl.recipe": plan.recipe_name,
+        "io.sparkctl.recipe-hash": plan.recipe_hash,
+        "io.sparkctl.port": str(plan.port),
+        "io.sparkctl.served-model-name": plan.served_model_name,
+    }
+
+
+def health_cmd(plan: Plan) -> str:
+    host = "127.0.0.1" if plan.host in ("0.0.0.0", "::") else plan.host
+    url = shlex.quote(f"http://{f'[{host}]' if ':' in host else host}:{plan.port}/health")
+    if plan.engine == "vllm":
+        return (
+            f'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" {url}'
+        )
+    return f"curl -fsS {url}"
 
 
 def shell_words(script: str) -> list[str]:
@@ -157,7 +183,7 @@ def check_compose(plan: Plan) -> None:
     assert service["entrypoint"] == list(plan.argv)
     assert service["image"] == c.image
     assert service["container_name"] == c.name
-    want_env = dict(plan.env)
+    want_env = {**plan.env, "SPARKCTL_PORT": str(plan.port)}
     if plan.model.needs_token:
         want_env["HF_TOKEN"] = "hf_planted_secret"
     assert service.get("environment", {}) == want_env
@@ -165,7 +191,9 @@ def check_compose(plan: Plan) -> None:
         (m.source, m.target) for m in c.mounts
     ]
     assert service.get("devices", []) == [f"{d}:{d}" for d in c.devices]
-    assert service.get("labels", {}) == c.labels
+    assert service.get("labels", {}) == runtime_labels(plan)
+    assert service["init"] is True
+    assert service["healthcheck"]["test"] == ["CMD-SHELL", health_cmd(plan)]
     if not plan.model.needs_token:
         assert "hf_planted_secret" not in repr(doc)
 

@@ -2,10 +2,10 @@
 # note: this is the head's command alone: `sparkctl up glm-5.3-flash-4bpw-2x --nodes HEAD,WORKER` checks all 2 nodes and starts each one's part with its own environment (`--dry-run` prints them); the model must be at the same path on every node
 docker run --rm \
   --name sparkctl-glm-5.3-flash-4bpw-2x \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   --device /dev/infiniband \
@@ -28,8 +28,14 @@ docker run --rm \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
   --label io.sparkctl.recipe-hash=29ab147127516096becc5aaeac315ec5ee6b22da8cb07d78521b55d7030a4bc2 \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
+  --health-cmd 'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" http://127.0.0.1:8000/health' \
+  --health-interval 30s --health-timeout 10s --health-retries 3 --health-start-period 2400s \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash-4bpw-2x \

@@ -1,10 +1,10 @@
 # sparkctl plan for glm-5.3-flash (vllm, docker); serves http://127.0.0.1:8000/v1
 docker run --rm \
   --name sparkctl-glm-5.3-flash \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   -v /cache/sparkctl/packs/hub--vcruz305--GLM-5.3-Flash-EXL3-K2/main-5dd22988da:/models/glm-5.3-flash:ro \
@@ -15,8 +15,14 @@ docker run --rm \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash \
   --label io.sparkctl.recipe-hash=abf370746683fe9bc16f44ecccb36a49601a2d064e6539bdbe26d7ddd41c2293 \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=glm-5.3-flash \
+  --health-cmd 'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" http://127.0.0.1:8000/health' \
+  --health-interval 30s --health-timeout 10s --health-retries 3 --health-start-period 1800s \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/glm-5.3-flash \

@@ -1,10 +1,10 @@
 # sparkctl plan for qwen3.8-flash-next (vllm, docker); serves http://127.0.0.1:8000/v1
 docker run --rm \
   --name sparkctl-qwen3.8-flash-next \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   -v /cache/sparkctl/packs/hub--turboderp--Qwen3.8-Flash-Next-exl3/3.05bpw_h5_ng5-40603d66be:/models/qwen3.8-flash-next:ro \
@@ -15,8 +15,14 @@ docker run --rm \
   -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   -e VLLM_NO_USAGE_STATS=1 \
   -e DO_NOT_TRACK=1 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=qwen3.8-flash-next \
   --label io.sparkctl.recipe-hash=4252e44eddcd76103b24f0788a60a80fe617e5eebe02a665443223dadad8414a \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=qwen3.8-flash-next \
+  --health-cmd 'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" http://127.0.0.1:8000/health' \
+  --health-interval 30s --health-timeout 10s --health-retries 3 --health-start-period 1800s \
   --entrypoint vllm \
   sparkctl/vllm-exl3:0.33.0-sm121 \
   serve /models/qwen3.8-flash-next \
