@@ -111,8 +111,13 @@ def popen_on(node: Node, script: str) -> subprocess.Popen[str]:
     script's stdin is a pipe from here too, so a script can end itself when this side closes it."""
     argv = ["sh", "-c", script] if node.is_local else [*node.ssh_argv(), shlex.join(["sh", "-c", script])]
     try:
-        return subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        return subprocess.Popen(  # its own session: a terminal's Ctrl-C reaches sparkctl, which ends it
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise UserError(f"node {node.address}: {argv[0]} not found ({exc.strerror})") from None

@@ -71,9 +71,10 @@ def _root_dir(facts: ModelFacts, probe_req: ModelProbe) -> str:
     return facts.path
 
 
+# every file once (symlinks followed, each inode counted once: a hub snapshot's links and their blobs)
 _SIZE_SCRIPT = (
-    'd={d}\nif [ -d "$d" ]; then find -L "$d" -type f -printf "%s\\n" 2>/dev/null | '
-    "awk '{{s+=$1; n+=1}} END {{printf \"%d %d\\n\", n, s}}'; else echo '0 0'; fi\n"
+    'd={d}\nif [ -d "$d" ]; then find -L "$d" -type f -printf "%D:%i %s\\n" 2>/dev/null | sort -u | '
+    "awk '{{s+=$2; n+=1}} END {{printf \"%d %d\\n\", n, s}}'; else echo '0 0'; fi\n"
 )
 
 
@@ -120,6 +121,7 @@ def _rsync_argv(head: Node, worker: Node, src: str, dest: str) -> list[str]:
     return [
         "rsync",
         "-a",  # keeps the hub cache's relative snapshot -> blob symlinks as links
+        "--copy-unsafe-links",  # a link out of the model dir (e.g. to a shared disk) goes as its file
         "--partial",
         "--delete",  # the worker's copy becomes the head's: stale files would change the size check
         "--stats",

@@ -482,6 +482,10 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
         sys.stderr.close()
     except KeyboardInterrupt:
         return
+    finally:  # a cluster follow ends its follower on every node now, not at interpreter exit
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
 
 
 # -- chat --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ node, the follow ends when the launch's state file goes (`down`), and no followe
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -114,4 +115,18 @@ def test_cli_follow_ends_with_down(sshd: Sshd, tmp_path: Path) -> None:
     assert proc.stdout.readline().strip() == f"[{w.address}] hello from the worker"
     cluster_run.state_path("tiny-2x").unlink()
     assert proc.wait(timeout=15) == 0
+    assert _followers(log) == []
+    cluster_run.save(state)
+    interrupted = subprocess.Popen(  # Ctrl-C (SIGINT to the whole group) ends the follow and its followers
+        [sys.executable, "-m", "sparkctl", "logs", "tiny-2x", "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert interrupted.stdout is not None
+    assert interrupted.stdout.readline().strip() == f"[{w.address}] hello from the worker"
+    os.killpg(interrupted.pid, signal.SIGINT)
+    assert interrupted.wait(timeout=15) == 0
+    time.sleep(0.5)
     assert _followers(log) == []

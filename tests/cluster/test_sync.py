@@ -73,8 +73,18 @@ def second_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | No
 
 
 @pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory, second_engine: str | None) -> Iterator[Sshd]:
-    set_env = {"DOCKER_HOST": second_engine} if second_engine else None
+def worker_hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The worker's own Hugging Face cache (its SSH sessions' HF_HUB_CACHE)."""
+    return tmp_path_factory.mktemp("worker-home") / "hub"
+
+
+@pytest.fixture(scope="module")
+def sshd(
+    tmp_path_factory: pytest.TempPathFactory, second_engine: str | None, worker_hub: Path
+) -> Iterator[Sshd]:
+    set_env = {"HF_HUB_CACHE": str(worker_hub)}
+    if second_engine:
+        set_env["DOCKER_HOST"] = second_engine
     server = start_sshd(tmp_path_factory.mktemp("sshd"), address=ADDRESS, set_env=set_env)
     yield server
     server.stop()
@@ -183,20 +193,59 @@ def test_image_loaded_when_the_digest_differs(
     assert sync_image(HEAD, w, IMAGE).action == "in sync"
 
 
-def test_cli_says_nothing_copied_and_fails_in_one_line(sshd: Sshd, tmp_path: Path) -> None:
-    """Through the CLI with the tiny recipe: "the worker" shares this filesystem (same sysroot), so
-    its model is already there; a refused key is one line and exit 1."""
+def _hub_repo(hub: Path, files: Path, rev: str) -> Path:
+    """A Hugging Face cache entry for `org/tiny` made from a local model dir (blobs + snapshot links)."""
+    repo = hub / "models--org--tiny"
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for f in sorted(files.iterdir()):
+        if f.is_file():
+            digest = hashlib.sha256(f.read_bytes()).hexdigest()
+            shutil.copyfile(f, repo / "blobs" / digest)
+            (snap / f.name).symlink_to(f"../../blobs/{digest}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    return repo
+
+
+def test_cli_copies_a_hub_model_once(sshd: Sshd, worker_hub: Path, tmp_path: Path) -> None:
+    """Through the CLI: a hub-repo recipe; the worker's SSH sessions have their own HF_HUB_CACHE
+    (sshd SetEnv), so the copy crosses for real; a second run copies nothing; a refused key is one line."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "SPARKCTL_SSH_OPTS": sshd.opts()}
     make = (
         "from sparkctl.models.fetch import resolve_weights; from sparkctl.plans import load_and_plan; "
-        "r, p = load_and_plan('tiny'); resolve_weights(p.model)"
+        "r, p = load_and_plan('tiny'); print(resolve_weights(p.model)[0])"
     )
-    subprocess.run([sys.executable, "-c", make], env=env, capture_output=True, check=True, timeout=300)
-    argv = [sys.executable, "-m", "sparkctl"]
-    to = f"root@{ADDRESS}:{sshd.port}"
-    ok = subprocess.run([*argv[:3], "sync", "tiny", "--to", to], env=env, capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
-    assert "model: in sync:" in ok.stdout and "nothing copied" in ok.stdout.splitlines()[-1]
+    made = subprocess.run([sys.executable, "-c", make], env=env, capture_output=True, text=True, check=True)
+    rev = "0123456789abcdef" * 2 + "01234567"
+    _hub_repo(tmp_path / "hub", Path(made.stdout.strip().splitlines()[-1]), rev)
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    recipe = tmp_path / "tiny-hub.yaml"
+    recipe.write_text(
+        "extends: tiny\nname: tiny-hub\nmodel: {generate: null, repo: org/tiny, revision: main}\n"
+    )
+    argv = [sys.executable, "-m", "sparkctl", "sync", str(recipe), "--to", f"root@{ADDRESS}:{sshd.port}"]
+    dry = subprocess.run([*argv, "--dry-run"], env=env, capture_output=True, text=True)
+    assert dry.returncode == 0 and "model: would copy: missing;" in dry.stdout, dry.stderr
+    first = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert (
+        f"model: copied: missing; copied to root@{ADDRESS}:{sshd.port}: {worker_hub}/models--org--tiny"
+        in first.stdout
+    )
+    assert f"rev {rev[:12]}" in first.stdout and "(verified)" in first.stdout
+    config = worker_hub / "models--org--tiny" / "snapshots" / rev / "config.json"
+    assert (
+        config.is_symlink()
+        and config.read_bytes()
+        == (tmp_path / "hub" / "models--org--tiny" / "snapshots" / rev / "config.json").read_bytes()
+    )
+    second = subprocess.run([*argv, "--json"], env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    result = json.loads(second.stdout)
+    assert result["copied"] is False and result["parts"][0]["action"] == "in sync"
     env["SPARKCTL_SSH_OPTS"] = sshd.opts(sshd.other_key)
-    bad = subprocess.run([*argv[:3], "sync", "tiny", "--to", to], env=env, capture_output=True, text=True)
+    bad = subprocess.run(argv, env=env, capture_output=True, text=True)
     assert bad.returncode == 1 and "SSH refused the login" in bad.stderr and "Traceback" not in bad.stderr
+    assert len([ln for ln in bad.stderr.splitlines() if ln.startswith("error")]) == 1
