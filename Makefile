@@ -55,10 +55,10 @@ llama-server: | $(BIN)/python ## build (once) and cache the pinned llama-server 
 freetoken: ## install (once) FreeToken into its own venv; on hosts without CUDA only its CLI/parser is usable
 	PYTHON=$(PYTHON) scripts/freetoken-venv.sh
 
-ssh-server: ## install the OpenSSH server the two-Spark tests log into (root + apt-get; else those tests skip)
-	@test -x /usr/sbin/sshd || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server >/dev/null; } || \
-	  echo "ssh-server: not installed (needs root and apt-get): the SSH and two-node tests skip"
+ssh-server: ## install the OpenSSH server the two-Spark tests log into, and rsync for sparkctl sync (root + apt-get; else those tests skip)
+	@{ test -x /usr/sbin/sshd && command -v rsync >/dev/null; } || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server rsync >/dev/null; } || \
+	  echo "ssh-server: not installed (needs root and apt-get): the SSH, sync and two-node tests skip"
 
 # docker-engine/test-image exit 0 with a recorded reason when they cannot run here (not root, no
 # apt-get): the docker tests then skip with that reason instead of failing the whole run.

@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "build": "sparkctl.commands.image:build_cmd",
     "image": "sparkctl.commands.image:image_group",
     "cluster": "sparkctl.commands.cluster:cluster_group",
+    "sync": "sparkctl.commands.cluster:sync_cmd",
 }
 
 

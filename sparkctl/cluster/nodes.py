@@ -106,6 +106,23 @@ def run_on(node: Node, script: str, *, timeout_s: float = 60.0) -> subprocess.Co
     return proc
 
 
+def popen_on(node: Node, script: str) -> subprocess.Popen[str]:
+    """Start a long-running POSIX sh script on the node (`sh -c`), its output on a pipe here. The
+    script's stdin is a pipe from here too, so a script can end itself when this side closes it."""
+    argv = ["sh", "-c", script] if node.is_local else [*node.ssh_argv(), shlex.join(["sh", "-c", script])]
+    try:
+        return subprocess.Popen(  # its own session: a terminal's Ctrl-C reaches sparkctl, which ends it
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise UserError(f"node {node.address}: {argv[0]} not found ({exc.strerror})") from None
+
+
 def ssh_failure(node: Node, stderr: str) -> RuntimeFailure:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Warning:")]
     last = lines[-1] if lines else "ssh exited 255"

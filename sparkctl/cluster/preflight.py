@@ -202,7 +202,8 @@ def _node_checks(n: Node, facts: NodeFacts, req: ProbeRequest, *, head: Node) ->
             fix = (
                 "download it on the head first (`sparkctl up` fetches it there)"
                 if is_head
-                else f"copy it once over the fabric, from the head: rsync -a{ssh} {path}/ {target}:{path}/"
+                else f"copy it once over the fabric, from the head: sparkctl sync RECIPE --to {n.address} "
+                f"(or rsync -a{ssh} {path}/ {target}:{path}/)"
             )
             out.append(Finding(node, "model", "fail", f"model not at {path}", fix))
         else:
@@ -226,7 +227,8 @@ def _cross_checks(report: ClusterReport, req: ProbeRequest) -> list[Finding]:
                     "fail",
                     f"image {req.image} differs from the head's ({head.image_id[:19] if head.image_id else '-'}) "
                     f"on {', '.join(differ)}",
-                    f"load the head's image there: docker save {req.image} | ssh NODE docker load",
+                    f"load the head's image there: sparkctl sync RECIPE --to NODE "
+                    f"(or docker save {req.image} | ssh NODE docker load)",
                 )
             )
     if req.model is not None and head.model and head.model.present:
@@ -249,7 +251,8 @@ def _cross_checks(report: ClusterReport, req: ProbeRequest) -> list[Finding]:
                     "model",
                     "fail",
                     "model revision differs from the head's on " + "; ".join(differ),
-                    "copy the head's snapshot to the same path on every node (rsync -a --delete)",
+                    "copy the head's snapshot to the same path on every node: sparkctl sync RECIPE --to NODE "
+                    "(or rsync -a --delete)",
                 )
             )
     offsets = [f.clock_offset_s for f in facts]

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import re
 import shlex
+import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkctl.atomic import write_atomic
 from sparkctl.cluster.launch import ClusterLaunch, NodeStep
-from sparkctl.cluster.nodes import Node, run_on
+from sparkctl.cluster.nodes import Node, popen_on, run_on
 from sparkctl.errors import RuntimeFailure, UserError
 from sparkctl.paths import state_dir
 
@@ -241,3 +244,64 @@ def log_lines(state: ClusterState, tail: int | None = None) -> list[str]:
         proc = run_on(node, cmd)
         out += [f"[{s.node}] {line}" for line in proc.stdout.splitlines()]
     return out
+
+
+def _follow_script(s: Started, tail: int | None) -> str:
+    """Follow one part's log on its node until this side closes the script's stdin (then the follower
+    is killed there too: no `tail -F` is left behind on the worker after Ctrl-C)."""
+    n = str(tail if tail is not None else 10)
+    if s.kind == "container":
+        follow = f"docker logs -f --tail {n} {shlex.quote(s.ident)} 2>&1"
+    elif s.kind == "exec":
+        follow = f"docker exec {shlex.quote(s.container)} tail -n {n} -F {shlex.quote(s.log)} 2>&1"
+    else:
+        follow = f"tail -n {n} -F {shlex.quote(s.log)} 2>/dev/null"
+    return f"{follow} &\nt=$!\ncat >/dev/null\nkill $t 2>/dev/null\n"
+
+
+def follow_lines(state: ClusterState, tail: int | None = None, *, poll_s: float = 0.5) -> Iterator[str]:
+    """`logs --follow` for a cluster: every part's log on every node at once, each line prefixed with
+    its node, as the lines come; ends when the launch is taken down (its state file is gone) or the
+    caller stops iterating (Ctrl-C), and then ends every follower on every node."""
+    lines: queue.Queue[str | None] = queue.Queue()
+    procs = []
+    for s in state.started:
+        proc = popen_on(state.node(s.node), _follow_script(s, tail))
+        procs.append(proc)
+
+        def pump(p: Any = proc, prefix: str = f"[{s.node}] ") -> None:
+            assert p.stdout is not None
+            for line in p.stdout:
+                lines.put(prefix + line.rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+    path = state_path(state.recipe)
+    open_streams = len(procs)
+    try:
+        while open_streams and path.exists():
+            try:
+                item = lines.get(timeout=poll_s)
+            except queue.Empty:
+                continue
+            if item is None:
+                open_streams -= 1
+            else:
+                yield item
+        while True:  # what arrived before the end
+            try:
+                item = lines.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                yield item
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                if p.stdin is not None:
+                    p.stdin.close()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -89,3 +89,39 @@ def _render(report: ClusterReport) -> None:
     fails = sum(f.status == "fail" for f in report.findings)
     warns = sum(f.status == "warn" for f in report.findings)
     output.text(f"{fails} failed, {warns} warning(s), {len(report.findings) - fails - warns} passed")
+
+
+@click.command("sync", short_help="Copy the recipe's model and image to a worker Spark when they differ.")
+@click.argument("recipe")
+@click.option(
+    "--to", "to", required=True, metavar="WORKER", help="The worker as [user@]host[:port] (over SSH)."
+)
+@set_option
+@click.option("--dry-run", is_flag=True, help="Compare only: say what would be copied.")
+@json_option
+def sync_cmd(recipe: str, to: str, sets: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Give WORKER this machine's copy of RECIPE's model (rsync over SSH, verified by size, file count
+    and the index file's sha256) and, for a docker recipe, its image (docker save | ssh docker load)
+    when the digests differ. Each part is copied only when missing or different: a second run copies
+    nothing and says so.
+    """
+    from sparkctl.cluster.nodes import parse_node
+    from sparkctl.cluster.preflight import model_probe_for
+    from sparkctl.cluster.sync import SyncResult, sync_image, sync_model
+    from sparkctl.plans import load_and_plan
+
+    the_recipe, the_plan = load_and_plan(recipe, sets, check_memory=False)
+    head, worker = parse_node("localhost"), parse_node(to)
+    result = SyncResult(worker=worker.address)
+    req = model_probe_for(the_plan, the_recipe)
+    if req is not None:
+        result.parts.append(sync_model(head, worker, req, dry_run=dry_run))
+    if the_plan.container and the_plan.container.image:
+        result.parts.append(sync_image(head, worker, the_plan.container.image, dry_run=dry_run))
+    if as_json:
+        output.json(result.to_json())
+        return
+    for part in result.parts:
+        output.text(f"{part.part}: {part.action}: {part.detail}")
+    if not result.copied and not dry_run:
+        output.text(f"{worker.address} already has everything {the_recipe.name} needs: nothing copied")

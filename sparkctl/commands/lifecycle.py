@@ -467,11 +467,14 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
     from sparkctl.cluster import run as cluster_run
 
     cluster = cluster_run.load(recipe)
-    if cluster is not None:  # every node's parts, each line prefixed with its node (no --follow yet)
-        for line in cluster_run.log_lines(cluster, tail=tail):
-            output.text(line)
-        return
-    lines = servers.log_lines(recipe, tail=tail, follow=follow)
+    if cluster is not None:  # every node's parts, each line prefixed with its node
+        lines: Any = (
+            cluster_run.follow_lines(cluster, tail=tail)
+            if follow
+            else cluster_run.log_lines(cluster, tail=tail)
+        )
+    else:
+        lines = servers.log_lines(recipe, tail=tail, follow=follow)
     try:
         for line in lines:
             output.text(line)
@@ -479,6 +482,10 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
         sys.stderr.close()
     except KeyboardInterrupt:
         return
+    finally:  # a cluster follow ends its follower on every node now, not at interpreter exit
+        close = getattr(lines, "close", None)
+        if close is not None:
+            close()
 
 
 # -- chat --------------------------------------------------------------------------------------------

@@ -103,11 +103,17 @@ def remove(client: Any, ref: str, *, force: bool = False) -> list[str]:
     return gone
 
 
-def save_to_host(client: Any, ref: str, host: str, *, ssh: str = "ssh") -> int:
-    """Stream `docker save ref` into `ssh host docker load`; returns the bytes sent."""
+def save_to_host(client: Any, ref: str, host: str, *, ssh: str = "ssh", require_ours: bool = True) -> int:
+    """Stream `docker save ref` into `ssh host docker load`; returns the bytes sent.
+
+    `require_ours` False ships any local image (`sparkctl sync` gives the worker the recipe's image,
+    which may be an upstream one)."""
     from docker.errors import APIError
 
-    ours(client, ref)
+    if require_ours:
+        ours(client, ref)
+    elif inspect(client, ref) is None:
+        raise UserError(f"no image {ref} on this machine", hint="docker pull it or sparkctl build first")
     argv = [*shlex.split(ssh), host, "docker", "load"]
     try:
         proc = subprocess.Popen(

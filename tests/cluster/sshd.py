@@ -52,8 +52,14 @@ def free_port() -> int:
 
 
 def start_sshd(
-    work: Path, *, address: str = "127.0.0.1", port: int | None = None, netns: str | None = None
+    work: Path,
+    *,
+    address: str = "127.0.0.1",
+    port: int | None = None,
+    netns: str | None = None,
+    set_env: dict[str, str] | None = None,
 ) -> Sshd:
+    """`set_env`: variables every session gets (sshd's SetEnv), e.g. the worker's own DOCKER_HOST."""
     work.mkdir(parents=True, exist_ok=True)
     for name in ("host", "client", "other"):
         if not (work / name).exists():
@@ -69,6 +75,9 @@ def start_sshd(
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nLogLevel ERROR\n"
         "AcceptEnv LANG\n"
     )
+    if set_env:
+        with config.open("a") as f:
+            f.write("SetEnv " + " ".join(f"{k}={v}" for k, v in set_env.items()) + "\n")
     Path("/run/sshd").mkdir(exist_ok=True)
     argv = [SSHD, "-D", "-e", "-f", str(config)]
     if netns:

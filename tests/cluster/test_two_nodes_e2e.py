@@ -142,6 +142,14 @@ def test_chat_and_status_show_both_nodes(two_nodes: TwoNodes, served: dict) -> N
     assert f"[{two_nodes.worker}]" in logs.stdout and "[localhost]" in logs.stdout
 
 
+def test_sync_over_the_link_copies_nothing_when_the_worker_has_it(two_nodes: TwoNodes, served: dict) -> None:
+    """Over the namespace link: the worker reads the model at the same path (this filesystem), so its
+    size, file count and index hash match the head's and `sync` says so (the copy itself: test_sync.py)."""
+    sync = two_nodes.sparkctl("sync", str(two_nodes.recipe), "--to", two_nodes.worker)
+    assert sync.returncode == 0, sync.stderr
+    assert "model: in sync:" in sync.stdout and sync.stdout.strip().endswith("nothing copied")
+
+
 def test_failures_are_one_line(two_nodes: TwoNodes, served: dict) -> None:
     wrong = two_nodes.sparkctl(
         "up",
