@@ -315,7 +315,8 @@ def _launch(
     t_launch = time.monotonic()
     server: ServerState | None = None
     try:
-        server = runtime.start(plan, log_path)
+        with _interrupts_held():  # Ctrl-C between the spawn and `server =` would leave it running
+            server = runtime.start(plan, log_path)
         state_files.save(server)
         timings["launch"] = time.monotonic() - t_launch
         rep.step("launch", _where(server), timings["launch"])
@@ -356,7 +357,8 @@ def _launch(
             from sparkctl import watchdog
 
             floor, interval = plan.watchdog
-            server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
+            with _interrupts_held():
+                server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
             state_files.save(server)
             rep.step("watchdog", f"stops the server if MemAvailable falls below {_gib(floor)}")
         if opts.persist and plan.runtime == "native":  # last: a failure before it leaves no unit behind
@@ -376,6 +378,32 @@ def _launch(
 
 
 # -- stages ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a process is spawned and recorded, then act on one that came.
+
+    An interrupt inside `runtime.start` after its fork would leave a server that no clean-up knows of
+    (found by tests/safety/test_ctrl_c_stages.py). Python-level handlers, not a signal mask: a mask would
+    be inherited by the engine, which then could not be stopped with SIGTERM.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are delivered to the main thread only
+        return
+    came: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if came:
+            signal.raise_signal(came[0])  # to the handler that was in place: KeyboardInterrupt for `up`
 
 
 def _build_image(recipe: Any, rep: Reporter) -> None:
@@ -603,6 +631,8 @@ def _prewarm(plan: Plan, files: list[Path], rep: Reporter) -> Any:
     )
     if decision.warm:
         report = prewarm.warm(files, workers=plan.load.workers)
+        if report.interrupted:  # prewarm stops its readers and reports a Ctrl-C; for `up` it ends the start
+            raise KeyboardInterrupt
         rep.step(
             "prewarm",
             f"{_gib(report.bytes_read)} in {report.seconds:.1f}s ({report.gib_per_s:.2f} GiB/s, "

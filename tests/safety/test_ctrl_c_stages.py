@@ -118,7 +118,9 @@ def test_ctrl_c_at_each_stage_exits_130_and_leaves_nothing(tmp_path: Path, cache
     while (line := lines.get(timeout=10)) is not None:
         seen.append(line)
     err = "".join(seen)
-    assert up.returncode == 130, err
+    # 130, or (rarely, Ctrl-C in the doctor's probe threads, see test_lifecycle_safety) death by SIGINT after
+    # the clean-up message: a shell's $? is 130 for both
+    assert up.returncode in (130, -signal.SIGINT), err
     if after == "launch":  # the engine is still "loading": the signal lands in the health wait
         assert "✓ health" not in err
     assert "interrupted: stopped what this `up` had started" in err and "Traceback" not in err
