@@ -372,8 +372,11 @@ def _launch(
         if steward is not None:
             with contextlib.suppress(Exception):
                 steward.stop(verify=False)
-        if server is not None:
-            _cleanup(runtime, server)
+        if server is not None and not _cleanup(runtime, server):
+            rep.warn(
+                f"could not stop {_where(server)} (its runtime does not answer): its state is kept, "
+                f"`sparkctl down {plan.recipe_name}` stops it once it does"
+            )
         raise
 
 
@@ -688,11 +691,15 @@ def _last_lines(runtime: Runtime, server: ServerState, n: int) -> list[str]:
         return []
 
 
-def _cleanup(runtime: Runtime, server: ServerState) -> None:
-    """Stop and forget a server whose `up` failed; errors here must not hide the original one."""
-    with contextlib.suppress(Exception):
+def _cleanup(runtime: Runtime, server: ServerState) -> bool:
+    """Stop and forget a server whose `up` failed; errors here must not hide the original one. One that
+    could not be stopped (its Docker daemon gone) keeps its state file, so `down` can finish the job."""
+    try:
         runtime.stop(server, timeout_s=15.0)
+    except Exception:
+        return False
     state_files.remove(server.recipe)
+    return True
 
 
 def _where(s: ServerState) -> str:

@@ -4,11 +4,21 @@ reaches the container from its env file only."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
-from dockerkit import free_port, host_python, make_plan, wait_for
+from dockerkit import REPO, free_port, host_python, make_plan, wait_for
 
 from sparkctl.runtimes.docker import DockerRuntime
 
@@ -68,3 +78,152 @@ def test_the_api_key_reaches_the_container_from_its_env_file_only(tmp_path) -> N
         assert state.extra["api_key_file"] == str(env_file)
     finally:
         runtime.stop(state, timeout_s=5)
+
+
+# -- the Docker daemon stopped in the middle of an `up` ------------------------------------------------
+
+
+def _start_daemon(root: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """A second dockerd for one test (its own data root, socket and containerd; no iptables, no bridge),
+    so stopping it touches nobody else's containers."""
+    sock = root / "d.sock"
+    with open(root / "dockerd.log", "ab") as log:
+        proc = subprocess.Popen(
+            [shutil.which("dockerd") or "dockerd", "--data-root", str(root / "data"), "--exec-root",
+             str(root / "x"), "--pidfile", str(root / "d.pid"), "-H", f"unix://{sock}", "--iptables=false",
+             "--ip6tables=false", "--bridge=none", "--shutdown-timeout=2"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    host = f"unix://{sock}"
+    deadline = time.monotonic() + 60
+    while subprocess.run(["docker", "-H", host, "version"], capture_output=True).returncode != 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.skip(f"the private dockerd did not start: {(root / 'dockerd.log').read_text()[-500:]}")
+        time.sleep(0.3)
+    return host, proc
+
+
+def _end_private(root: Path) -> None:
+    """Kill what the private daemons started, by pid: dockerd, its containerd and any shim (their argv
+    names this test's directory), then lazily unmount what they left mounted there."""
+    mine = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(root) in cmd and any(n in cmd for n in ("dockerd", "containerd")):
+            mine.append(p)
+    for p in mine:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(mine, timeout=10)
+    with open("/proc/mounts") as fh:
+        points = [line.split()[1] for line in fh if line.split()[1].startswith(str(root) + "/")]
+    for point in sorted(points, key=len, reverse=True):  # the netns bind mount, overlay layers...
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+@pytest.fixture
+def private_daemon(test_image: str) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("a private Docker daemon needs dockerd and root")
+    root = Path(tempfile.mkdtemp(prefix="sdd", dir="/tmp"))  # short: containerd's sockets live under it
+    try:
+        host, proc = _start_daemon(root)
+        save = subprocess.Popen(["docker", "save", test_image], stdout=subprocess.PIPE)
+        load = subprocess.run(["docker", "-H", host, "load"], stdin=save.stdout, capture_output=True)
+        save.wait(timeout=120)
+        assert load.returncode == 0 and save.returncode == 0, load.stderr
+        yield host, proc, root
+    finally:
+        _end_private(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _marked(marker: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("how", ["stopped", "killed"])
+def test_the_daemon_gone_while_up_waits_is_one_line_and_leaves_nothing(
+    tmp_path: Path, private_daemon: tuple[str, subprocess.Popen[bytes], Path], how: str
+) -> None:
+    """`systemctl stop docker` (SIGTERM: the daemon stops the container, then exits) or a crash (SIGKILL:
+    the container lives on in its shim) while `up` waits for health: one error line, exit 1; a container
+    that could not be removed keeps its state (a warning says so), and `down` removes it once the daemon
+    is back: no container, no engine process, no state file."""
+    host, daemon, root = private_daemon
+    marker = f"dd{os.getpid()}x{time.monotonic_ns()}"
+    engine = [host_python(), str(REPO / "tests" / "safety" / "fake_engine.py"), "--slow-start", "600", marker]
+    mounts = ", ".join(
+        f"{{source: '{p}', target: '{p}', read_only: true}}"
+        for p in dict.fromkeys([sys.base_prefix, str(REPO)])
+    )
+    env = {
+        **os.environ,
+        "DOCKER_HOST": host,
+        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
+        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    up = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "up", str(REPO / "tests" / "docker" / "tiny-docker.yaml"),
+         "--set", f"serve.port={free_port()}", "--set", f"engine.entrypoint={json.dumps(engine)}",
+         "--set", f"container.mounts=[{mounts}]", "--set", "container.name=sparkctl-dd-test"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert up.stderr is not None
+    seen = []
+    try:
+        for line in up.stderr:
+            seen.append(line)
+            if line.startswith("✓ launch"):
+                daemon.send_signal(signal.SIGTERM if how == "stopped" else signal.SIGKILL)
+                break
+        seen += up.stderr.readlines()
+        up.wait(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    err = "".join(seen)
+    assert any(line.startswith("✓ launch") for line in seen), err
+    assert up.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    state = tmp_path / "state" / "servers" / "tiny-docker.json"
+    if how == "stopped":  # the daemon stops the container first: that is what the health gate sees
+        assert (
+            "container exited with code 143 (SIGTERM: `docker stop`, or the Docker daemon stopping)"
+            in (errors[0])
+        ), err
+    else:
+        assert f"Docker daemon not reachable at {host}" in errors[0], err
+    # the daemon is gone before the container could be removed: its state stays for `down`
+    assert "could not stop container sparkctl-dd-test" in err and "its state is kept" in err, err
+    assert state.exists()
+    daemon.wait(timeout=60)
+    if how == "killed":
+        # its shim still runs the engine (docker's design) and no daemon answers: `down` says so in one
+        # line and keeps the state for a later `down` (a restart of this private daemon over a live shim
+        # does not come up here, so the fixture ends the shim and engine by pid)
+        down = subprocess.run(
+            [sys.executable, "-m", "sparkctl", "down", "tiny-docker"], env=env, capture_output=True,
+            text=True, cwd=REPO, timeout=120,
+        )  # fmt: skip
+        assert down.returncode == 1 and "Traceback" not in down.stderr, down.stderr
+        assert f"Docker daemon not reachable at {host}" in down.stderr and state.exists(), down.stderr
+        for pid in _marked(marker):  # the container's init and engine, ours: a reboot would end them
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return
+    _start_daemon(root)  # the daemon is back
+    down = subprocess.run(
+        [sys.executable, "-m", "sparkctl", "down", "tiny-docker"], env=env, capture_output=True, text=True,
+        cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    left = subprocess.run(["docker", "-H", host, "ps", "-aq"], capture_output=True, text=True).stdout
+    assert left.strip() == ""
+    deadline = time.monotonic() + 15
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _marked(marker) == []
