@@ -227,3 +227,92 @@ def test_the_daemon_gone_while_up_waits_is_one_line_and_leaves_nothing(
     while _marked(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _marked(marker) == []
+
+
+# -- the lock and a dead server with the docker runtime (the main daemon, the fake engine) ---------------
+
+
+def _docker_up_argv(port: int, *engine_args: str) -> list[str]:
+    engine = [host_python(), str(REPO / "tests" / "safety" / "fake_engine.py"), *engine_args]
+    mounts = ", ".join(
+        f"{{source: '{p}', target: '{p}', read_only: true}}"
+        for p in dict.fromkeys([sys.base_prefix, str(REPO)])
+    )
+    return [sys.executable, "-m", "sparkctl", "up", str(REPO / "tests" / "docker" / "tiny-docker.yaml"),
+            "--set", f"serve.port={port}", "--set", f"engine.entrypoint={json.dumps(engine)}",
+            "--set", f"container.mounts=[{mounts}]"]  # fmt: skip
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
+        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sparkctl", *args], env=_env(tmp_path), capture_output=True, text=True,
+        cwd=REPO, timeout=120,
+    )  # fmt: skip
+
+
+def test_down_while_a_docker_up_waits_for_health_stops_its_container(tmp_path: Path, docker_client) -> None:
+    marker = f"dl{os.getpid()}x{time.monotonic_ns()}"
+    up = subprocess.Popen(
+        _docker_up_argv(free_port(), "--slow-start", "600", marker), env=_env(tmp_path),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert up.stderr is not None
+    try:
+        seen = []
+        for line in up.stderr:
+            seen.append(line)
+            if line.startswith("✓ launch"):
+                break
+        down = _cli(tmp_path, "down", "tiny-docker")
+        seen += up.stderr.readlines()
+        up.wait(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    err = "".join(seen)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.startswith("stopped tiny-docker (it was still starting: interrupted its `up` (pid "), (
+        err
+    )
+    assert up.returncode == 130 and "Traceback" not in err, err
+    assert not (tmp_path / "state" / "servers" / "tiny-docker.json").exists()
+    assert docker_client.containers.list(all=True, filters={"name": "sparkctl-tiny-docker"}) == []
+    assert _marked(marker) == []
+
+
+def test_a_docker_server_whose_process_died_is_stopped_and_the_next_up_cleans_it(
+    tmp_path: Path, docker_client
+) -> None:
+    """The engine inside the container killed (OOM, a crash): the container ends with it, so `status` says
+    stopped (docker leaves no orphaned engine core behind: the container's processes go with it), and
+    the next `up` removes the dead container and starts again."""
+    port = free_port()
+    up = subprocess.run(_docker_up_argv(port), env=_env(tmp_path), capture_output=True, text=True, cwd=REPO,
+                        timeout=180)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        c = docker_client.containers.get("sparkctl-tiny-docker")
+        (engine,) = psutil.Process(c.attrs["State"]["Pid"]).children()  # docker-init's child: the server
+        engine.kill()
+        wait_for(lambda: docker_client.containers.get(c.id).status != "running", what="the container to end")
+        status = json.loads(_cli(tmp_path, "status", "tiny-docker", "--json").stdout)
+        assert [r["health"] for r in status] == ["stopped"], status
+        again = subprocess.run(_docker_up_argv(port), env=_env(tmp_path), capture_output=True, text=True,
+                               cwd=REPO, timeout=180)  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        assert "tiny-docker had a state file but was not running (cleaned up)" in " ".join(
+            again.stderr.split()
+        )
+        assert docker_client.containers.get("sparkctl-tiny-docker").id != c.id
+    finally:
+        _cli(tmp_path, "down", "tiny-docker")
+    assert docker_client.containers.list(all=True, filters={"name": "sparkctl-tiny-docker"}) == []
