@@ -143,7 +143,7 @@ def _marked(marker: str) -> list[int]:
 
 
 @pytest.mark.parametrize("how", ["stopped", "killed"])
-def test_the_daemon_gone_while_up_waits_is_one_line_and_leaves_nothing(
+def test_the_daemon_gone_while_up_waits_is_one_line_and_down_finishes_the_job(
     tmp_path: Path, private_daemon: tuple[str, subprocess.Popen[bytes], Path], how: str
 ) -> None:
     """`systemctl stop docker` (SIGTERM: the daemon stops the container, then exits) or a crash (SIGKILL:
