@@ -147,9 +147,10 @@ def test_the_daemon_gone_while_up_waits_is_one_line_and_down_finishes_the_job(
     tmp_path: Path, private_daemon: tuple[str, subprocess.Popen[bytes], Path], how: str
 ) -> None:
     """`systemctl stop docker` (SIGTERM: the daemon stops the container, then exits) or a crash (SIGKILL:
-    the container lives on in its shim) while `up` waits for health: one error line, exit 1; a container
-    that could not be removed keeps its state (a warning says so), and `down` removes it once the daemon
-    is back: no container, no engine process, no state file."""
+    the container lives on in its shim) while `up` waits for health: one error line, exit 1, and a warning
+    that the container could not be removed, so its state file stays. After the stop, the daemon is
+    started again and `down` removes container and state; after the crash, `down` with no daemon is one
+    line and keeps the state (the private daemon does not come back over a live shim here)."""
     host, daemon, root = private_daemon
     marker = f"dd{os.getpid()}x{time.monotonic_ns()}"
     engine = [host_python(), str(REPO / "tests" / "safety" / "fake_engine.py"), "--slow-start", "600", marker]
