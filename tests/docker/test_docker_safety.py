@@ -317,3 +317,37 @@ def test_a_docker_server_whose_process_died_is_stopped_and_the_next_up_cleans_it
     finally:
         _cli(tmp_path, "down", "tiny-docker")
     assert docker_client.containers.list(all=True, filters={"name": "sparkctl-tiny-docker"}) == []
+
+
+@pytest.mark.parametrize("after", ["doctor", "image", "launch"])
+def test_ctrl_c_in_a_docker_up_exits_130_and_leaves_no_container(
+    tmp_path: Path, docker_client, after: str
+) -> None:
+    """SIGINT once a stage's line is out: after `doctor` it lands in the image check (or the fetch just
+    after it), after `launch` in the health wait. No container, no state, no engine process."""
+    from ctrl_c import sigint_default
+
+    marker = f"dc{os.getpid()}x{time.monotonic_ns()}"
+    up = subprocess.Popen(
+        _docker_up_argv(free_port(), "--slow-start", "600", marker), env=_env(tmp_path),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=sigint_default,
+    )  # fmt: skip
+    assert up.stderr is not None
+    seen = []
+    try:
+        for line in up.stderr:
+            seen.append(line)
+            if line.startswith(f"✓ {after} "):
+                up.send_signal(signal.SIGINT)
+                break
+        seen += up.stderr.readlines()
+        up.wait(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    err = "".join(seen)
+    assert up.returncode in (130, -signal.SIGINT), err  # see tests/safety/test_ctrl_c_stages.py
+    assert "interrupted: stopped what this `up` had started" in err and "Traceback" not in err, err
+    assert not (tmp_path / "state" / "servers" / "tiny-docker.json").exists()
+    assert docker_client.containers.list(all=True, filters={"name": "sparkctl-tiny-docker"}) == []
+    assert _marked(marker) == []
