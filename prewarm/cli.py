@@ -279,9 +279,16 @@ def _status(files: list[Path]) -> dict[str, Any]:
 def _emit(data: dict[str, Any], opts: Options, *, code: int) -> int:
     """The report: JSON on stdout (`--json`), to a file (`--report`), and a readable summary."""
     if opts.report:
+        from prewarm.errors import PrewarmError
         from prewarm.report import write_json_atomic
 
-        write_json_atomic(opts.report, data)
+        try:
+            write_json_atomic(opts.report, data)
+        except OSError as exc:  # a full disk or a read-only directory: one line naming the file
+            raise PrewarmError(
+                f"cannot write the report {opts.report}: {exc.strerror or exc}",
+                hint="free space there or pick another --report path; a previous report is left as it was",
+            ) from None
     if opts.json_out:
         click.echo(json.dumps(data, indent=2))
     else:

@@ -274,15 +274,17 @@ def read_files(
             if on_progress and time.perf_counter() >= next_report:
                 on_progress(run.snapshot())
                 next_report += progress_interval
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also while the threads are being started: join only those that run
         interrupted = True
         halt.set()
         for t in threads:
-            t.join()
+            if t.ident is not None:
+                t.join()
     except BaseException:  # e.g. a failing on_progress callback: never leave readers running
         halt.set()
         for t in threads:
-            t.join()
+            if t.ident is not None:
+                t.join()
         raise
     if on_progress and not interrupted:
         on_progress(run.snapshot())

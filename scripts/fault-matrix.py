@@ -31,6 +31,8 @@ AREAS = {
     "test_doctor_bundle": "bug bundle",
     "test_watchdog": "memory watchdog",
     "test_docker_safety": "docker runtime",
+    "test_persist_native": "persist (systemd)",
+    "test_ctrl_c_stages": "Ctrl-C",
 }
 
 

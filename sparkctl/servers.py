@@ -195,8 +195,14 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
     nothing runs (a misspelt RECIPE is a UserError)."""
     if all_ and recipe:
         raise UserError("give a RECIPE or --all, not both")
+    from sparkctl.runtimes import systemd
+
     if all_:
-        names = sorted({s.recipe for s in state_files.load_all()} | set(state_files.locked_recipes()))
+        names = sorted(
+            {s.recipe for s in state_files.load_all()}
+            | set(state_files.locked_recipes())
+            | set(systemd.persisted_recipes())
+        )
     elif not recipe:
         raise UserError("name the recipe to stop, or use --all", hint="see what runs: sparkctl status")
     else:
@@ -207,13 +213,18 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
         try:
             with state_files.stopping(key, wait_s=timeout_s + 30.0) as interrupted:
                 found = find_state(name)
-                if found is None and interrupted is None:
+                unit = systemd.remove(key)  # `up --persist` of a native recipe: not at the next boot either
+                if found is None and interrupted is None and not unit:
                     if not all_:
                         known_recipe(name)  # a typo must not read as "stopped"
                     continue
                 note = None
                 if found is not None:
                     note = stop(found, timeout_s=timeout_s)
+                if unit:
+                    note = f"removed its systemd unit {systemd.unit_path(key)}" + (
+                        f"; {note}" if note else ""
+                    )
                 if interrupted is not None:
                     note = f"it was still starting: interrupted its `up` (pid {interrupted})" + (
                         f"; {note}" if note else ""

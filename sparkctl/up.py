@@ -61,7 +61,7 @@ class UpOptions:
     force: bool = False  # go on when the memory plan says it does not fit
     smoke: bool = True
     restart: bool = False  # stop the recipe's running server first (to apply an edited recipe)
-    persist: bool = False  # survive a reboot: docker restart policy unless-stopped
+    persist: bool = False  # survive a reboot: docker restart policy unless-stopped, native a systemd unit
     api_key: str | None = None  # a key clients must send, or "generate" (a new one, printed once)
     no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
     build: bool = False  # build the recipe's image first (`sparkctl build`; a no-op when up to date)
@@ -84,6 +84,7 @@ class UpResult:
         None  # the new key of `--api-key generate`: shown once, then only in its file
     )
     cluster: Any = None  # a cluster.plan.ClusterPlan when serving across nodes
+    unit: tuple[str, str] | None = None  # `--persist`, native: (path, text) of its systemd user unit
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -110,6 +111,7 @@ class UpResult:
             "api_key_file": self.plan.api_key_file,
             "api_key": self.api_key_generated,  # only a key made by this `up`; null otherwise
             "cluster": self.cluster.to_json() if self.cluster is not None else None,
+            "systemd_unit": self.unit[0] if self.unit else None,
         }
 
 
@@ -143,6 +145,14 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     local = _already_local(recipe)
     plan = _plan(recipe, local, opts)
     key = _api_key(recipe, plan, opts)
+    across = opts.nodes is not None or (recipe.cluster.nodes > 1 and bool(recipe.cluster.hosts))
+    unit = None
+    if opts.persist and plan.runtime == "native" and not across:
+        from sparkctl.runtimes import systemd
+
+        # rendered now, so a value a unit cannot hold is refused before anything starts
+        text = systemd.render_unit(plan, state_files.log_path(plan.recipe_name), strict=not opts.dry_run)
+        unit = (str(systemd.unit_path(plan.recipe_name)), text)
     timings["validate"] = time.monotonic() - t
     rep.step(
         "validate",
@@ -150,13 +160,13 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
         timings["validate"],
     )
     cluster = None
-    if opts.nodes is not None or (recipe.cluster.nodes > 1 and recipe.cluster.hosts):
+    if across:
         cluster = _cluster(recipe, plan, opts, rep, timings)
     for w in plan.warnings:
         if cluster is None or not w.startswith("cluster."):  # per-node values replace these
             rep.warn(w)
     if opts.dry_run:
-        return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster)
+        return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster, unit=unit)
     if cluster is not None:
         return _start_cluster(opts, plan, cluster, rep, t_start, timings)
     with state_files.starting(plan.recipe_name):
@@ -305,7 +315,8 @@ def _launch(
     t_launch = time.monotonic()
     server: ServerState | None = None
     try:
-        server = runtime.start(plan, log_path)
+        with _interrupts_held():  # Ctrl-C between the spawn and `server =` would leave it running
+            server = runtime.start(plan, log_path)
         state_files.save(server)
         timings["launch"] = time.monotonic() - t_launch
         rep.step("launch", _where(server), timings["launch"])
@@ -346,20 +357,56 @@ def _launch(
             from sparkctl import watchdog
 
             floor, interval = plan.watchdog
-            server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
+            with _interrupts_held():
+                server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
             state_files.save(server)
             rep.step("watchdog", f"stops the server if MemAvailable falls below {_gib(floor)}")
+        if opts.persist and plan.runtime == "native":  # last: a failure before it leaves no unit behind
+            from sparkctl.runtimes import systemd
+
+            unit = systemd.install(plan, log_path)
+            result.unit = (str(unit), unit.read_text())
+            rep.step("persist", f"systemd user unit {unit} (enabled: starts at login or, with linger, boot)")
         return result
     except BaseException:
         if steward is not None:
             with contextlib.suppress(Exception):
                 steward.stop(verify=False)
-        if server is not None:
-            _cleanup(runtime, server)
+        if server is not None and not _cleanup(runtime, server):
+            rep.warn(
+                f"could not stop {_where(server)} (its runtime does not answer): its state is kept, "
+                f"`sparkctl down {plan.recipe_name}` stops it once it does"
+            )
         raise
 
 
 # -- stages ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a process is spawned and recorded, then act on one that came.
+
+    An interrupt inside `runtime.start` after its fork would leave a server that no clean-up knows of
+    (found by tests/safety/test_ctrl_c_stages.py). Python-level handlers, not a signal mask: a mask would
+    be inherited by the engine, which then could not be stopped with SIGTERM.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are delivered to the main thread only
+        return
+    came: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if came:
+            signal.raise_signal(came[0])  # to the handler that was in place: KeyboardInterrupt for `up`
 
 
 def _build_image(recipe: Any, rep: Reporter) -> None:
@@ -480,12 +527,7 @@ def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
     from sparkctl.planner import plan
 
     made = plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
-    if opts.persist:
-        if made.container is None:
-            raise UserError(
-                f"--persist needs the docker runtime ({made.recipe_name} runs natively)",
-                hint="--runtime docker --set container.image=IMAGE, or start it at boot yourself",
-            )
+    if opts.persist and made.container is not None:  # native: a systemd user unit once healthy (_launch)
         made = dataclasses.replace(
             made, container=dataclasses.replace(made.container, restart_policy="unless-stopped")
         )
@@ -592,6 +634,8 @@ def _prewarm(plan: Plan, files: list[Path], rep: Reporter) -> Any:
     )
     if decision.warm:
         report = prewarm.warm(files, workers=plan.load.workers)
+        if report.interrupted:  # prewarm stops its readers and reports a Ctrl-C; for `up` it ends the start
+            raise KeyboardInterrupt
         rep.step(
             "prewarm",
             f"{_gib(report.bytes_read)} in {report.seconds:.1f}s ({report.gib_per_s:.2f} GiB/s, "
@@ -647,11 +691,15 @@ def _last_lines(runtime: Runtime, server: ServerState, n: int) -> list[str]:
         return []
 
 
-def _cleanup(runtime: Runtime, server: ServerState) -> None:
-    """Stop and forget a server whose `up` failed; errors here must not hide the original one."""
-    with contextlib.suppress(Exception):
+def _cleanup(runtime: Runtime, server: ServerState) -> bool:
+    """Stop and forget a server whose `up` failed; errors here must not hide the original one. One that
+    could not be stopped (its Docker daemon gone) keeps its state file, so `down` can finish the job."""
+    try:
         runtime.stop(server, timeout_s=15.0)
+    except Exception:
+        return False
     state_files.remove(server.recipe)
+    return True
 
 
 def _where(s: ServerState) -> str:

@@ -142,7 +142,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 @click.option(
     "--persist",
     is_flag=True,
-    help="Keep serving after a reboot (docker: restart policy unless-stopped; `down` removes it).",
+    help="Keep serving after a reboot (docker: restart policy unless-stopped; native: a systemd user unit; "
+    "`down` removes it).",
 )
 @click.option(
     "--build", is_flag=True, help="Build the recipe's image first (sparkctl build; skipped when up to date)."
@@ -243,6 +244,8 @@ def _print_dry_run(result: Any, as_json: bool) -> None:
         payload = {"dry_run": True, "plan": plan_to_dict(plan)}
         if result.cluster is not None:
             payload["cluster"] = result.cluster.to_json()
+        if result.unit is not None:
+            payload["systemd_unit"] = {"path": result.unit[0], "text": result.unit[1]}
         output.json(payload)
         return
     if result.cluster is not None:
@@ -278,6 +281,10 @@ def _print_dry_run(result: Any, as_json: bool) -> None:
     output.text(
         f"# health: /health and /v1/models within {plan.health_timeout_s:.0f}s, then one chat completion"
     )
+    if result.unit is not None:
+        output.text(f"# --persist: systemd user unit {result.unit[0]} (enabled; `down` removes it):")
+        for line in result.unit[1].splitlines():
+            output.text(f"#   {line}".rstrip())
     output.text("# dry run: nothing was started")
 
 

@@ -401,6 +401,8 @@ class DockerRuntime:
         if s.get("OOMKilled"):
             return "container was OOM-killed"
         detail = f"container exited with code {s.get('ExitCode')}"
+        if s.get("ExitCode") == 143:  # 128 + SIGTERM: stopped from outside, not a crash of the engine
+            detail += " (SIGTERM: `docker stop`, or the Docker daemon stopping)"
         if s.get("Error"):
             detail += f": {s['Error']}"
         return detail

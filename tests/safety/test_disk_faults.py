@@ -150,3 +150,40 @@ def test_a_full_disk_while_the_model_is_made_is_one_line_and_leaves_no_half_mode
     listing = proc.stdout.split("--- state dir:", 1)[1].split()
     assert [p for p in listing if "tiny-llama" in p or ".tmp" in p] == [], listing
     assert _left_running(marker) == []
+
+
+_REPORT_PRELUDE = textwrap.dedent(
+    """
+    set -e
+    dir="$1"; shift
+    mount -t tmpfs -o size=256k tmpfs "$dir"
+    echo '{"old": true}' > "$dir/report.json"
+    dd if=/dev/zero of="$dir/.fill" bs=4096 2>/dev/null || true
+    rc=0
+    "$@" || rc=$?
+    echo "--- dir:"; find "$dir" -mindepth 1 -not -name .fill | sort
+    echo "--- report:"; cat "$dir/report.json"
+    exit $rc
+    """
+)
+
+
+def test_a_full_disk_at_the_prewarm_report_is_one_line_and_keeps_the_old_report(tmp_path: Path) -> None:
+    """`prewarm --report FILE` on a full filesystem: the shards are read, the report cannot be written."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "w.bin").write_bytes(b"\1" * 65536)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, "-m", "sparkctl", "prewarm", str(model), "--report", str(out / "report.json")]
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _REPORT_PRELUDE, "sh", str(out), *argv],
+        env={**os.environ, "SPARKCTL_STATE_DIR": str(tmp_path / "state")},
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = _one_error(proc.stderr)
+    assert "No space left on device" in line and "report.json" in line, line
+    listing, report = proc.stdout.split("--- dir:", 1)[1].split("--- report:")
+    assert ".tmp" not in listing, listing
+    assert json.loads(report) == {"old": True}  # the previous report is untouched

@@ -224,12 +224,6 @@ def test_engine_processes_outliving_the_api_server_are_orphaned_and_reaped(tmp_p
         segment.unlink(missing_ok=True)
 
 
-def test_persist_on_a_native_recipe_is_refused_in_one_line(tmp_path: Path) -> None:
-    res = _sparkctl(tmp_path, "up", "tiny", "--persist", "--dry-run")
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.startswith("error: --persist needs the docker runtime (tiny runs natively)")
-
-
 def test_a_persisted_plan_renders_with_its_restart_policy() -> None:
     import dataclasses
 
