@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from dockerkit import REPO, free_port, host_python, make_plan, wait_for
+from sparkctl_proc import sparkctl_env as _env
 
 from sparkctl.runtimes.docker import DockerRuntime
 
@@ -242,15 +243,6 @@ def _docker_up_argv(port: int, *engine_args: str) -> list[str]:
     return [sys.executable, "-m", "sparkctl", "up", str(REPO / "tests" / "docker" / "tiny-docker.yaml"),
             "--set", f"serve.port={port}", "--set", f"engine.entrypoint={json.dumps(engine)}",
             "--set", f"container.mounts=[{mounts}]"]  # fmt: skip
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
-        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,9 @@ from pathlib import Path
 import psutil
 from ctrl_c import sigint_default
 from procs import gone
+from sparkctl_proc import engine_recipe
+from sparkctl_proc import run_sparkctl as _sparkctl
+from sparkctl_proc import sparkctl_env as _env
 
 from sparkctl.server.ports import free_port
 
@@ -28,14 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _recipe(tmp_path: Path, name: str, engine_code: str, *, health_timeout: float = 20) -> Path:
-    """A recipe that extends the built-in `tiny` but runs `python -c engine_code` as its engine."""
-    entry = json.dumps([sys.executable, "-c", textwrap.dedent(engine_code)])
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(
-        f"schema: 1\nextends: {REPO / 'recipes' / 'tiny.yaml'}\nname: {name}\n"
-        f"engine:\n  entrypoint: {entry}\nserve:\n  health_timeout_s: {health_timeout}\n"
-    )
-    return path
+    return engine_recipe(tmp_path, name, engine_code, health_timeout=health_timeout)
 
 
 def _never_healthy(tmp_path: Path, name: str, tag: str, first_line: str = "") -> tuple[Path, str]:
@@ -47,26 +42,6 @@ def _never_healthy(tmp_path: Path, name: str, tag: str, first_line: str = "") ->
         lines.append(f"print({first_line!r}, flush=True)")
     lines.append("time.sleep(600)")
     return _recipe(tmp_path, name, "\n".join(lines) + "\n", health_timeout=300), marker
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
-        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def _sparkctl(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkctl", *args],
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
 
 
 @contextlib.contextmanager

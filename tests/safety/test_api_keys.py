@@ -9,7 +9,6 @@ is then searched for the key.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from sparkctl_proc import run_sparkctl
 
 from sparkctl.server.ports import free_port
 
@@ -79,20 +79,8 @@ def _recipe(tmp_path: Path, name: str, extra: str = "") -> Path:
 
 
 def _sparkctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
-        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
-        "HF_TOKEN": HF_TOKEN,  # planted: the engine may read it, no output, log, state or render may show it
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "sparkctl", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    # HF_TOKEN planted: the engine may read it, no output, log, state or render may show it
+    return run_sparkctl(tmp_path, *args, HF_TOKEN=HF_TOKEN)
 
 
 def _everything_written(tmp_path: Path, *results: subprocess.CompletedProcess[str]) -> str:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sparkctl_proc import run_sparkctl, sparkctl_env
 
 from sparkctl.server.ports import free_port
 
@@ -26,23 +27,11 @@ HOSTILE = ["a $HOME b", "100%h", 'q"uote', "back\\slash", "semi;colon", "'single
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
-        "SPARKCTL_CACHE_DIR": str(tmp_path / "cache"),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-    }
+    return sparkctl_env(tmp_path, XDG_CONFIG_HOME=str(tmp_path / "config"))
 
 
 def _sparkctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkctl", *args],
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    return run_sparkctl(tmp_path, *args, XDG_CONFIG_HOME=str(tmp_path / "config"))
 
 
 def _recipe(tmp_path: Path, *extra: str) -> Path:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -12,6 +10,7 @@ from pathlib import Path
 
 import psutil
 from procs import gone
+from sparkctl_proc import run_sparkctl as _sparkctl
 
 from sparkctl.server.ports import free_port
 
@@ -33,22 +32,6 @@ _ENGINE = """
 
     http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
-
-
-def _sparkctl(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "SPARKCTL_STATE_DIR": str(tmp_path / "state"),
-        "SPARKCTL_CACHE_DIR": str(tmp_path / "c"),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "sparkctl", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
 
 
 def _up(tmp_path: Path, floor: int) -> dict:
