@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from sparkctl.cluster.netenv import PER_NODE_VARS, NodeNetwork
 from sparkctl.errors import UserError
+from sparkctl.planner.render import arg_lines
 
 RAY_PORT = 6379
 MASTER_PORT = 29501
@@ -271,25 +272,6 @@ def render_launch(launch: ClusterLaunch) -> str:
         if step.wait_gpus:
             out.append(f"# repeat until it lists {step.wait_gpus} active nodes")
         lines = [f"{k}={shlex.quote(v)}" for k, v in step.env.items()]
-        lines += _group(list(step.argv))
+        lines += arg_lines(list(step.argv))  # one flag per line, as `sparkctl render` prints it
         out.append(" \\\n  ".join(lines))
     return "\n".join(out) + "\n"
-
-
-def _group(args: list[str]) -> list[str]:
-    """One flag (with its values) per line, as `sparkctl render` does, so long commands stay readable."""
-    groups: list[list[str]] = []
-    for arg in args:
-        if not groups or (arg.startswith("-") and not _is_number(arg)):
-            groups.append([arg])
-        else:
-            groups[-1].append(arg)
-    return [shlex.join(g) for g in groups]
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True

@@ -53,7 +53,7 @@ def render(plan: Plan, fmt: str) -> str:
     raise UserError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 
-def _arg_lines(args: list[str], *, command: bool = False) -> list[str]:
+def arg_lines(args: list[str], *, command: bool = False) -> list[str]:
     """Group `--flag value...` so each flag starts a line: long vLLM command lines stay readable.
 
     With `command`, args[0] is the program a shell runs, quoted as a command word."""
@@ -125,13 +125,13 @@ def render_shell(plan: Plan) -> str:
             header += f"set -a; . {shlex.quote(plan.api_key_file)}; set +a\n"
         if plan.model.needs_token:
             lines.append('HF_TOKEN="${HF_TOKEN:?set HF_TOKEN: the model repo is gated}"')
-        head = _arg_lines(list(plan.argv), command=True)
+        head = arg_lines(list(plan.argv), command=True)
         lines.append(head[0])
         lines += ["  " + line for line in head[1:]]
         return header + _CONT.join(lines) + "\n"
     run = container_run(plan)
     opts = [shlex.join(group) for group in docker_run_groups(run)]
-    rest = _arg_lines(list(run.command))
+    rest = arg_lines(list(run.command))
     lines = [opts[0]] + ["  " + o for o in opts[1:]] + ["  " + r for r in rest]
     return header + _CONT.join(lines) + "\n"
 
