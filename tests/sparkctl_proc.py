@@ -24,18 +24,23 @@ def sparkctl_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def run_sparkctl(
-    tmp_path: Path, *args: str, timeout: float = 120, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """`sparkctl ARGS` to completion in the repo, with sparkctl_env(tmp_path, **env)."""
+def run_in_env(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`sparkctl ARGS` to completion in the repo, in exactly `env`."""
     return subprocess.run(
         [sys.executable, "-m", "sparkctl", *args],
-        env=sparkctl_env(tmp_path, **env),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=REPO,
     )
+
+
+def run_sparkctl(
+    tmp_path: Path, *args: str, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`sparkctl ARGS` to completion in the repo, with sparkctl_env(tmp_path, **env)."""
+    return run_in_env(sparkctl_env(tmp_path, **env), *args, timeout=timeout)
 
 
 def engine_recipe(tmp_path: Path, name: str, engine_code: str, *, health_timeout: float) -> Path:

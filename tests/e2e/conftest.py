@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sparkctl_proc import run_in_env
 
 from sparkctl.server.ports import free_port
 
@@ -36,14 +37,7 @@ class TinyServer:
     wall_s: float
 
     def sparkctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "sparkctl", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-        )
+        return run_in_env(self.env, *args, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

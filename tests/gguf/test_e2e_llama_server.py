@@ -21,6 +21,7 @@ import httpx
 import psutil
 import pytest
 from procs import gone
+from sparkctl_proc import run_in_env
 
 from sparkctl.server.client import stream_chat
 from sparkctl.server.ports import free_port
@@ -40,14 +41,7 @@ class GgufServer:
     up_stderr: str
 
     def sparkctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "sparkctl", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-        )
+        return run_in_env(self.env, *args, timeout=timeout)
 
     def log(self) -> str:
         return self.sparkctl("logs", self.recipe).stdout

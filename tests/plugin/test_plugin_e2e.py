@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sparkctl_proc import run_in_env as _sparkctl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -62,17 +63,6 @@ class Session:
     servers: dict[str, Served]
     twins: dict[str, dict]  # recipe -> {"startup_s", "completions"}
     twin_wall_s: float
-
-
-def _sparkctl(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkctl", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
 
 
 @pytest.fixture(scope="module")
