@@ -46,8 +46,13 @@ def _wait_for(pred, timeout=15.0):
 
 
 def _log_line(path: Path, prefix: str) -> str:
+    # Only whole lines: a poll can land between the writes of one print (seen in a loaded CI run).
     def find():
-        for line in tail_lines(path, 100):
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        for line in text.split("\n")[:-1]:
             if line.startswith(prefix):
                 return line
         return None
