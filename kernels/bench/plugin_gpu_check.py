@@ -44,6 +44,7 @@ from sparkctl_exl3.vllm_plugin.forward import (  # noqa: E402
     exl3_linear,
     exl3_moe_forward,
     finish_shard,
+    fused_tables,
 )
 
 LINEAR_TOL = 5e-3
@@ -134,21 +135,26 @@ def check_moe(layers: dict[str, list[ExpertWeights]], gen: torch.Generator) -> l
         ]
         hidden, inter = experts[0].gate.suh.shape[0], experts[0].gate.svh.shape[0]
         ids = list(range(len(experts)))
+        fused = fused_tables(gpu_experts, ids, hidden=hidden, intermediate=inter)  # None unless mul1 experts
         for tokens in ROWS:
             x = torch.randn(tokens, hidden, generator=gen)
             w, i = routing(tokens, len(experts), gen)
             kw = {"hidden": hidden, "intermediate": inter, "activation": "silu"}
             y_cpu = exl3_moe_forward(x, w, i, experts, ids, **kw)
-            y_gpu = exl3_moe_forward(x.cuda(), w.cuda(), i.cuda(), gpu_experts, ids, **kw)
-            err = rel_err(y_gpu, y_cpu)
-            results.append(
-                {
-                    "layer": head,
-                    "tokens": tokens,
-                    "rel_err": err,
-                    "ok": bool(err < MOE_TOL and torch.isfinite(y_gpu).all()),
-                }
-            )
+            for path, tables in (("per-expert", None), ("fused", fused)):
+                if path == "fused" and tables is None:
+                    continue
+                y_gpu = exl3_moe_forward(x.cuda(), w.cuda(), i.cuda(), gpu_experts, ids, fused=tables, **kw)
+                err = rel_err(y_gpu, y_cpu)
+                results.append(
+                    {
+                        "layer": head,
+                        "path": path,
+                        "tokens": tokens,
+                        "rel_err": err,
+                        "ok": bool(err < MOE_TOL and torch.isfinite(y_gpu).all()),
+                    }
+                )
     return results
 
 
@@ -162,7 +168,12 @@ def check_cuda_graphs(linear: ShardWeights, experts: list[ExpertWeights], gen: t
     ]
     hidden, inter = experts[0].gate.suh.shape[0], experts[0].gate.svh.shape[0]
     ids = list(range(len(experts)))
-    kw = {"hidden": hidden, "intermediate": inter, "activation": "silu"}
+    kw = {
+        "hidden": hidden,
+        "intermediate": inter,
+        "activation": "silu",
+        "fused": fused_tables(gpu_experts, ids, hidden=hidden, intermediate=inter),
+    }
 
     x_lin = torch.zeros(1, in_f, device="cuda")
     x_moe = torch.zeros(1, hidden, device="cuda")
@@ -229,7 +240,13 @@ def main() -> int:
         moe_results += check_moe(layers, gen)
         if layers:
             first_linear = finish_shard("lm_head", groups["lm_head"])
-            graph_results += check_cuda_graphs(first_linear, next(iter(layers.values())), gen)
+            # the graph check on a layer the fused MoE takes (mul1 experts), if the checkpoint has one
+            mul1 = [
+                h
+                for h, ex in sorted(layers.items())
+                if all(s.codebook == "mul1" for e in ex for s in (e.gate, e.down))
+            ]
+            graph_results += check_cuda_graphs(first_linear, layers[(mul1 or sorted(layers))[0]], gen)
     report.update(
         linears=linear_results, moe=moe_results, cuda_graphs=graph_results, seconds=time.monotonic() - t0
     )
@@ -240,7 +257,10 @@ def main() -> int:
     print(
         f"linears: {len(linear_results)} checks, worst rel err {worst_lin:.2e} (tol {LINEAR_TOL}), backends {backends}"
     )
-    print(f"moe:     {len(moe_results)} checks, worst rel err {worst_moe:.2e} (tol {MOE_TOL})")
+    fused_n = sum(r.get("path") == "fused" for r in moe_results)
+    print(
+        f"moe:     {len(moe_results)} checks ({fused_n} through the fused kernel), worst rel err {worst_moe:.2e} (tol {MOE_TOL})"
+    )
     print(f"graphs:  {len(graph_results)} checks, {sum(r['ok'] for r in graph_results)} ok")
     for r in failures[:20]:
         print(f"FAIL {r}")

@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "exl3_gemv.h"
 
@@ -197,6 +198,137 @@ void set_tuning(int64_t mul1_fp16, int64_t i8_max_rows, int64_t xprep_min_rows, 
   exl3_gemv_set_tuning(&t);
 }
 
+// --- fused MoE decode (exl3_gemv.h, Exl3MoeParams) ---------------------------------------------------------------
+
+// The launches of one MoE forward: gate/up (one per (k2, codebook) pair among them), down (one per pair), reduce.
+struct MoeCall {
+  int64_t tokens, topk, hidden, width;
+  bool gated;
+  std::vector<int64_t> gu_sels, down_sels;
+  int64_t ksplit_gu, ksplit_down;
+};
+
+Exl3MoeParams moe_params(const MoeCall& c, bool down, int64_t sel, int64_t act) {
+  Exl3MoeParams p{};
+  const int nproj_gu = c.gated ? 2 : 1;
+  p.slots = static_cast<int>(c.tokens * c.topk);
+  p.table_stride = 3;
+  p.proj0 = down ? 2 : 0;
+  p.nproj = down ? 1 : nproj_gu;
+  p.x_div = down ? 1 : static_cast<int>(c.topk);
+  p.x_stride = static_cast<int>(down ? nproj_gu * c.width : c.hidden);
+  p.in_features = static_cast<int>(down ? c.width : c.hidden);
+  p.out_features = static_cast<int>(down ? c.hidden : c.width);
+  p.k2 = static_cast<int>(sel / 4);
+  p.codebook = static_cast<int>(sel % 4);
+  p.act_in = down ? static_cast<int>(act) | (c.gated ? EXL3_MOE_GATED : 0) : -1;
+  p.ksplit = static_cast<int>(down ? c.ksplit_down : c.ksplit_gu);
+  return p;
+}
+
+// int32 elements of zeroed workspace the call needs: the largest of its launches' (they run one after another).
+int64_t moe_need(const MoeCall& c) {
+  int64_t most = 0;
+  for (const bool down : {false, true}) {
+    for (const int64_t sel : down ? c.down_sels : c.gu_sels) {
+      const Exl3MoeParams p = moe_params(c, down, sel, 0);
+      int ks = 0;
+      size_t partials = 0, ints = 0;
+      const int st = exl3_moe_plan(&p, &ks, &partials, &ints);
+      TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)) + " (" + (down ? "down" : "gate/up") +
+                                     " projection, " + bits_str(sel / 4) + " bits, codebook " + num(sel % 4) + ")");
+      TORCH_CHECK(partials == 0, "EXL3 MoE: the one-row integer kernel needs no partial sums");
+      most = std::max(most, static_cast<int64_t>(ints));
+    }
+  }
+  return most;
+}
+
+int64_t moe_workspace(int64_t tokens, int64_t topk, int64_t hidden, int64_t width, bool gated,
+                      std::vector<int64_t> gu_sels, std::vector<int64_t> down_sels, int64_t ksplit_gu,
+                      int64_t ksplit_down) {
+  return moe_need(MoeCall{tokens, topk, hidden, width, gated, gu_sels, down_sels, ksplit_gu, ksplit_down});
+}
+
+// The routed experts' weighted sum for x [T, hidden] fp16: table int64 [E, 3, 3] holds each local expert's (gate,
+// up, down) x (trellis, suh, svh) device pointers and sel int32 [E, 3] their 4 * k2 + codebook; lookup int32
+// [n_global] maps global ids to local experts (-1: not held), or is empty when ids are local. gu_sels / down_sels:
+// the distinct sel values of the gate/up and of the down projections (one launch each).
+torch::Tensor moe(torch::Tensor x, torch::Tensor topk_ids, torch::Tensor topk_weights, torch::Tensor lookup,
+                  torch::Tensor table, torch::Tensor sel, int64_t width, bool gated, int64_t act,
+                  std::vector<int64_t> gu_sels, std::vector<int64_t> down_sels, int64_t out_dtype,
+                  torch::Tensor workspace, int64_t ksplit_gu, int64_t ksplit_down) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.scalar_type() == torch::kHalf,
+              "EXL3 MoE: x must be a 2-D float16 CUDA tensor [tokens, hidden], got " + dims(x));
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0) && topk_weights.sizes() == topk_ids.sizes(),
+              "EXL3 MoE: topk_ids and topk_weights must both be [tokens, top_k] for " + num(x.size(0)) +
+                  " tokens, got " + dims(topk_ids) + " and " + dims(topk_weights));
+  TORCH_CHECK(topk_ids.device() == x.device() && topk_weights.device() == x.device() && table.device() == x.device() &&
+                  sel.device() == x.device() && workspace.device() == x.device(),
+              "EXL3 MoE: x, the routing, the expert tables and the workspace must be on one device");
+  TORCH_CHECK(table.scalar_type() == torch::kLong && table.dim() == 3 && table.size(1) == 3 && table.size(2) == 3 &&
+                  table.is_contiguous(),
+              "EXL3 MoE: the expert table must be a contiguous int64 [experts, 3, 3] tensor, got " + dims(table));
+  TORCH_CHECK(sel.scalar_type() == torch::kInt && sel.dim() == 2 && sel.size(0) == table.size(0) && sel.size(1) == 3 &&
+                  sel.is_contiguous(),
+              "EXL3 MoE: sel must be a contiguous int32 [experts, 3] tensor, got " + dims(sel));
+  TORCH_CHECK(!lookup.defined() || lookup.numel() == 0 ||
+                  (lookup.device() == x.device() && lookup.scalar_type() == torch::kInt && lookup.dim() == 1 &&
+                   lookup.is_contiguous()),
+              "EXL3 MoE: lookup must be a contiguous int32 vector on the device of x");
+  TORCH_CHECK(workspace.scalar_type() == torch::kInt && workspace.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 16 == 0,
+              "EXL3 MoE: workspace must be a contiguous, 16-byte aligned int32 CUDA tensor");
+  TORCH_CHECK(out_dtype >= 0 && out_dtype <= 2, "EXL3 MoE: out_dtype must be 0 (fp16), 1 (bf16) or 2 (fp32)");
+  TORCH_CHECK(act >= 0 && act <= 2, "EXL3 MoE: act must be 0 (silu), 1 (gelu) or 2 (gelu_tanh)");
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const MoeCall c{x.size(0), topk_ids.size(1), x.size(1), width, gated, gu_sels, down_sels, ksplit_gu, ksplit_down};
+  const auto out_type = out_dtype == 0 ? torch::kHalf : out_dtype == 1 ? torch::kBFloat16 : torch::kFloat;
+  torch::Tensor out = torch::empty({c.tokens, c.hidden}, x.options().dtype(out_type));
+  if (c.tokens == 0) return out;
+  const int64_t need = moe_need(c);
+  TORCH_CHECK(workspace.numel() >= need, "EXL3 MoE: workspace has " + num(workspace.numel()) +
+                                             " int32 elements, this call needs " + num(need) + " (moe_workspace)");
+  const torch::Tensor xa = aligned(x);
+  const torch::Tensor ids = topk_ids.to(torch::kInt).contiguous();
+  const torch::Tensor w = topk_weights.to(torch::kFloat).contiguous();
+  const bool has_lookup = lookup.defined() && lookup.numel() > 0;
+  const int n_global = has_lookup ? static_cast<int>(lookup.numel()) : 0;
+  const int n_local = static_cast<int>(table.size(0));
+  const int nproj_gu = gated ? 2 : 1;
+  torch::Tensor h = torch::empty({c.tokens * c.topk * nproj_gu, width}, x.options());
+  torch::Tensor yd = torch::empty({c.tokens * c.topk, c.hidden}, x.options());
+  const auto* tab = reinterpret_cast<const Exl3MoeTable*>(table.data_ptr<int64_t>());
+  for (const bool down : {false, true}) {
+    for (const int64_t s : down ? down_sels : gu_sels) {
+      Exl3MoeParams p = moe_params(c, down, s, act);
+      p.x = down ? h.data_ptr() : xa.data_ptr();
+      p.y = down ? yd.data_ptr() : h.data_ptr();
+      p.ids = ids.data_ptr<int>();
+      p.lookup = has_lookup ? lookup.data_ptr<int>() : nullptr;
+      p.n_global = n_global;
+      p.n_local = n_local;
+      p.table = tab;
+      p.sel_of = sel.data_ptr<int>();
+      p.counters = workspace.data_ptr<int>();
+      const int st = exl3_moe_launch(&p, stream);
+      TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+    }
+  }
+  const int st = exl3_moe_reduce_launch(yd.data_ptr(), ids.data_ptr<int>(), has_lookup ? lookup.data_ptr<int>() : nullptr,
+                                        n_global, n_local, w.data_ptr<float>(), static_cast<int>(c.tokens),
+                                        static_cast<int>(c.topk), static_cast<int>(c.hidden), out.data_ptr(),
+                                        static_cast<int>(out_dtype), stream);
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_gemv_error_string(st)));
+  return out;
+}
+
+bool moe_supports(int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook) {
+  return exl3_moe_supports(static_cast<int>(in_features), static_cast<int>(out_features), static_cast<int>(k2),
+                           static_cast<int>(codebook)) == EXL3_OK;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -215,4 +347,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tuning", &tuning, "the planner's tuning (exl3_gemv.h, Exl3GemvTuning)");
   m.def("set_tuning", &set_tuning, "replace the planner's tuning", py::arg("mul1_fp16"), py::arg("i8_max_rows"),
         py::arg("xprep_min_rows"), py::arg("smem_limit"), py::arg("pdl"));
+  m.def("moe", &moe, "fused EXL3 MoE decode: the routed experts' weighted sum (three launches per (k2, codebook))",
+        py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("lookup"), py::arg("table"), py::arg("sel"),
+        py::arg("width"), py::arg("gated"), py::arg("act"), py::arg("gu_sels"), py::arg("down_sels"),
+        py::arg("out_dtype"), py::arg("workspace"), py::arg("ksplit_gu") = 0, py::arg("ksplit_down") = 0);
+  m.def("moe_workspace", &moe_workspace, "int32 elements of zeroed workspace a fused MoE call needs", py::arg("tokens"),
+        py::arg("topk"), py::arg("hidden"), py::arg("width"), py::arg("gated"), py::arg("gu_sels"),
+        py::arg("down_sels"), py::arg("ksplit_gu") = 0, py::arg("ksplit_down") = 0);
+  m.def("moe_supports", &moe_supports, "whether the fused MoE takes experts of this shape, rate and codebook",
+        py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
 }

@@ -23,6 +23,7 @@
 
 #include "exl3_gemv.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -341,6 +342,7 @@ struct KernelArgs {
   const uint8_t* xprep;  // x' already in B-fragment order for all of I (xprep_kernel), or null: compute per block
   uint32_t* slots;  // split-K slots of the ticket and fixed-point hand-overs (in the zeroed workspace, after the
                     // counters)
+  int act_in;  // MoE down projection only (kActIn kernels): x holds the slot's gate and up outputs, see x_elems
 };
 
 // Shared memory layout, in bytes (host and device agree through this struct).
@@ -993,6 +995,37 @@ __device__ __forceinline__ uint2 lane_elems(const __half* v) {
   return make_uint2(*reinterpret_cast<const uint32_t*>(v), *reinterpret_cast<const uint32_t*>(v + 8));
 }
 
+// The MoE down projection's input, made where it is loaded: h = act(gate) * up of the slot (gate at x, up at
+// x + in_features), rounded to fp16 as the reference rounds h before the down projection; non-gated: act(gate).
+// Saves the launch and the round trip of a separate activation kernel. act_in: kMoeAct* | kMoeGated.
+constexpr int kMoeActSilu = 0, kMoeActGelu = 1, kMoeActGeluTanh = 2, kMoeGated = 4;
+__device__ __forceinline__ float moe_act(float g, int act) {
+  if (act == kMoeActSilu) return g / (1.0f + expf(-g));
+  if (act == kMoeActGelu) return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+  if (act == kMoeActGeluTanh) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+  return g;
+}
+__device__ __forceinline__ uint32_t moe_act_pair(uint32_t g, uint32_t u, int act_in) {
+  const float2 gf = __half22float2(u32_as_h2(g));
+  float a = moe_act(gf.x, act_in & 3), b = moe_act(gf.y, act_in & 3);
+  if (act_in & kMoeGated) {
+    const float2 uf = __half22float2(u32_as_h2(u));
+    a *= uf.x;
+    b *= uf.y;
+  }
+  return h2_as_u32(__floats2half2_rn(a, b));
+}
+template <bool kActIn>
+__device__ __forceinline__ uint2 x_elems(const KernelArgs& p, size_t off) {
+  if constexpr (!kActIn) {
+    return lane_elems(p.x + off);
+  } else {
+    const uint2 g = lane_elems(p.x + off);
+    const uint2 u = (p.act_in & kMoeGated) ? lane_elems(p.x + p.in_features + off) : g;
+    return make_uint2(moe_act_pair(g.x, u.x, p.act_in), moe_act_pair(g.y, u.y, p.act_in));
+  }
+}
+
 // x' of one row for the warp's H chunks (this lane's 4 elements of each, in units of kXpScale) and the warp's
 // maximum |x'| over them. Branch-free over the chunks, so their chains interleave.
 template <int H>
@@ -1014,7 +1047,7 @@ __device__ __forceinline__ float xprime_chunks(const uint2 (&xv)[H], const uint2
 // (x' = d * q); waiting for the whole block's x' and its maximum would put two barriers before the first mma.
 // Returns d; *qs_out = the sum of q over the run (the k_bias term). The trellis ring's
 // first slab is requested with the x loads, the rest once x' is packed.
-template <int H, typename Ring>
+template <int H, bool kActIn, typename Ring>
 __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq, Ring& ring, int r0, int n, int lane,
                                                int* qs_out) {
   const int cfirst = r0 >> 3, clast = (r0 + n - 1) >> 3;  // the chunks of x the run lies in
@@ -1026,7 +1059,7 @@ __device__ __forceinline__ float warp_prologue(const KernelArgs& p, uint32_t* xq
 #pragma unroll
   for (int h = 0; h < H; ++h) {
     const size_t off = static_cast<size_t>(min(cfirst + h, clast)) * 128 + 16 * sl + 2 * c;  // past clast: a repeat
-    xv[h] = lane_elems(p.x + off);
+    xv[h] = x_elems<kActIn>(p, off);
     sv[h] = lane_elems(p.suh + off);
   }
   ring.load();  // one slab now, the rest once x' is packed: x comes back sooner
@@ -1302,9 +1335,10 @@ __device__ __forceinline__ bool chunk_runs(int nch, int nw) {
 
 // One block's work: input chunks c0 .. c0+nch of column chunk col_chunk; `slot` of `contributors` blocks adding to
 // that chunk. The block's 8*nch slabs (k-tile rows 8*c0 ...) are cut into one contiguous run per warp.
-template <int K2, int kRowCap, int NW>
+template <int K2, int kRowCap, int NW, bool kActIn = false>
 __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* smem, int col_chunk, int c0, int nch,
                                            int slot, int contributors) {
+  static_assert(!kActIn || kRowCap == 1, "the MoE down projection's input is made by the one-row prologue");
   using R = Rate<K2>;
   constexpr int G = kRowCap > 4 ? 2 : 1;  // column groups of 4 rows
   constexpr HandOver kMode = hand_over(kRowCap);  // split-K hand-over (see the three above finish_block)
@@ -1355,12 +1389,12 @@ __device__ __forceinline__ void i8_segment(const KernelArgs& p, unsigned char* s
       } else if constexpr (kRowCap == 1) {
         float& d = d_lane[0];
         int* qs = &qs_lane[0];
-        if (aligned && n <= 8) d = warp_prologue<1>(p, xq, ring, r0, n, lane, qs);
-        else if (aligned && n <= 16) d = warp_prologue<2>(p, xq, ring, r0, n, lane, qs);
-        else if (aligned) d = warp_prologue<warp_chunks(kMaxRun)>(p, xq, ring, r0, n, lane, qs);
-        else if (n <= 8) d = warp_prologue<warp_chunks(7)>(p, xq, ring, r0, n, lane, qs);
-        else if (n <= 16) d = warp_prologue<warp_chunks(15)>(p, xq, ring, r0, n, lane, qs);
-        else d = warp_prologue<warp_chunks(kMaxRun - 1)>(p, xq, ring, r0, n, lane, qs);
+        if (aligned && n <= 8) d = warp_prologue<1, kActIn>(p, xq, ring, r0, n, lane, qs);
+        else if (aligned && n <= 16) d = warp_prologue<2, kActIn>(p, xq, ring, r0, n, lane, qs);
+        else if (aligned) d = warp_prologue<warp_chunks(kMaxRun), kActIn>(p, xq, ring, r0, n, lane, qs);
+        else if (n <= 8) d = warp_prologue<warp_chunks(7), kActIn>(p, xq, ring, r0, n, lane, qs);
+        else if (n <= 16) d = warp_prologue<warp_chunks(15), kActIn>(p, xq, ring, r0, n, lane, qs);
+        else d = warp_prologue<warp_chunks(kMaxRun - 1), kActIn>(p, xq, ring, r0, n, lane, qs);
       } else {
         static_assert(kMaxRun <= 16, "the rows prologue takes runs of at most 16 slabs");
         if (aligned && n <= 8) warp_prologue_rows<1, kRowCap>(p, xq, ring, r0, n, lane, d_lane, qs_lane);
@@ -1481,6 +1515,100 @@ __global__ void __launch_bounds__(kWarpsI8 * 32, kMinBlocksI8) gemv_i8_kernel(co
   grid_dependency_wait();
   EXL3_STAMP(0);
   i8_segment<K2, kRowCap, kWarpsI8>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Fused MoE decode (exl3_gemv.h, Exl3MoeParams): the one-row integer GEMV of each routed (slot, projection)
+// ---------------------------------------------------------------------------------------------------------------
+
+struct MoeArgs {
+  KernelArgs k;  // shapes, split, act_in; x, y and the workspace as bases
+  const int* ids;
+  const int* lookup;
+  int n_global, n_local;
+  const Exl3MoeTable* table;
+  const int* sel_of;
+  int table_stride, proj0, nproj;
+  int x_div, x_stride;
+  int sel;       // 4 * k2 + codebook of this launch's experts
+  int ws_ints;   // workspace int32 per (slot, projection): its counters, then its fixed-point slots
+};
+
+// The local expert of a slot, or -1 when this rank does not hold it (or the id is out of range).
+__device__ __forceinline__ int moe_expert(const int* ids, const int* lookup, int n_global, int n_local, int slot) {
+  int e = ids[slot];
+  if (lookup != nullptr) e = e >= 0 && e < n_global ? lookup[e] : -1;
+  return e >= 0 && e < n_local ? e : -1;
+}
+
+// Block (column chunk, split, z = slot * nproj + proj): the GEMV block of that slot's expert, found on the device, so
+// nothing about the routing reaches the host. Blocks of experts of another (k2, codebook) return at once (a
+// mixed-K layer: one launch per pair); each z has its own workspace, so the split-K hand-overs of different slots
+// never meet, and duplicate experts across slots are simply computed again.
+template <int K2, bool kActIn>
+__global__ void __launch_bounds__(kWarpsI8 * 32, kMinBlocksI8) moe_i8_kernel(const MoeArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  grid_dependency_wait();  // the routing ids (and, for the down projection, its input) come from earlier kernels
+  const int z = blockIdx.z;
+  const int slot = z / a.nproj, proj = z - slot * a.nproj;
+  const int e = moe_expert(a.ids, a.lookup, a.n_global, a.n_local, slot);
+  if (e < 0) return;
+  const int entry = e * a.table_stride + a.proj0 + proj;
+  if (a.sel_of[entry] != a.sel) return;
+  const Exl3MoeTable t = a.table[entry];
+  KernelArgs p = a.k;
+  p.trellis = static_cast<const uint8_t*>(t.trellis);
+  p.suh = static_cast<const __half*>(t.suh);
+  p.svh = static_cast<const __half*>(t.svh);
+  p.x = a.k.x + static_cast<size_t>(slot / a.x_div) * a.x_stride;
+  p.y = a.k.y + static_cast<size_t>(z) * p.out_features;
+  p.counters = a.k.counters + static_cast<size_t>(z) * a.ws_ints;
+  p.slots = reinterpret_cast<uint32_t*>(p.counters + slots_offset(p.out_features));
+  const int n_k = p.in_features >> 7;
+  const int split = blockIdx.y;
+  const int c0 = static_cast<int>(static_cast<long long>(split) * n_k / p.ksplit);
+  const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_k / p.ksplit);
+  i8_segment<K2, 1, kWarpsI8, kActIn>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
+}
+
+template <int OUT>
+__device__ __forceinline__ void moe_store4(void* out, size_t at, const float (&v)[4]) {
+  if constexpr (OUT == 0) {
+    __half2* o = reinterpret_cast<__half2*>(static_cast<__half*>(out) + at);
+    o[0] = __floats2half2_rn(v[0], v[1]);
+    o[1] = __floats2half2_rn(v[2], v[3]);
+  } else if constexpr (OUT == 1) {
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + at);
+    o[0] = __floats2bfloat162_rn(v[0], v[1]);
+    o[1] = __floats2bfloat162_rn(v[2], v[3]);
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(out) + at) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// Each token's routed outputs, weighted and summed in slot order in fp32 (the reference's order: products rounded,
+// then added), 4 columns per thread.
+template <int OUT>
+__global__ void __launch_bounds__(256) moe_reduce_kernel(const __half* y, const int* ids, const int* lookup,
+                                                         int n_global, int n_local, const float* w, int topk,
+                                                         int hidden, void* out) {
+  grid_dependency_wait();
+  const int t = blockIdx.y;
+  const int n = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (n >= hidden) return;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j = 0; j < topk; ++j) {
+    const int slot = t * topk + j;
+    if (moe_expert(ids, lookup, n_global, n_local, slot) < 0) continue;
+    const float wt = w[slot];
+    const uint2 v = *reinterpret_cast<const uint2*>(y + static_cast<size_t>(slot) * hidden + n);
+    const float2 a = __half22float2(u32_as_h2(v.x)), b = __half22float2(u32_as_h2(v.y));
+    acc[0] = __fadd_rn(acc[0], __fmul_rn(a.x, wt));
+    acc[1] = __fadd_rn(acc[1], __fmul_rn(a.y, wt));
+    acc[2] = __fadd_rn(acc[2], __fmul_rn(b.x, wt));
+    acc[3] = __fadd_rn(acc[3], __fmul_rn(b.y, wt));
+  }
+  moe_store4<OUT>(out, static_cast<size_t>(t) * hidden + n, acc);
 }
 
 // x' for every (row, 128-chunk) of x into global memory, in the B-fragment order the fp16 GEMV reads: done once
@@ -1767,10 +1895,10 @@ int ksplit_range(const Exl3GemvParams* p, const DeviceInfo& d, const Exl3GemvTun
 // decode latency alone), balanced against the per-block fixed cost (x' prologue, pipeline fill, reduction). Model:
 // a multiprocessor holding b blocks of c chunks needs max(c + 1, b * (c + 1) / 2) time units (two blocks of 8 warps
 // share it), or b * (c + 1) for blocks of 16 warps (one at a time).
-int auto_ksplit(const Exl3GemvParams* p, const Plan& pl, const DeviceInfo& d) {
+int auto_ksplit(const Exl3GemvParams* p, const Plan& pl, const DeviceInfo& d, int batch) {
   const int sms = d.sms;
   const int n_chunks_k = p->in_features / 128;
-  const int n_chunks_n = p->out_features / 128;
+  const int n_chunks_n = p->out_features / 128 * batch;  // a MoE launch runs `batch` GEMVs side by side
   // Integer kernel: when the column chunks alone fill one wave of the multiprocessors (80-100% of them), no split
   // at all: an SM decodes as fast with one long block as with two halves, and the partial-sum exchange is saved.
   if (pl.k.groups > 0 && pl.lo == 1 && n_chunks_n <= sms && 5 * n_chunks_n >= 4 * sms) return 1;
@@ -1792,11 +1920,11 @@ int auto_ksplit(const Exl3GemvParams* p, const Plan& pl, const DeviceInfo& d) {
   return best;
 }
 
-// The plan of a call (what exl3_gemv_plan reports and exl3_gemv_launch runs: one computation for both).
-int plan_call(const Exl3GemvParams* p, Plan* pl) {
+// The plan of a call (what exl3_gemv_plan reports and exl3_gemv_launch runs: one computation for both) under
+// tuning t, for `batch` GEMVs of this shape in one launch (the MoE kernels; 1 otherwise).
+int plan_with(const Exl3GemvParams* p, const Exl3GemvTuning& t, int batch, Plan* pl) {
   int st = check_shape(p->m, p->in_features, p->out_features, p->k2, p->codebook);
   if (st != EXL3_OK) return st;
-  const Exl3GemvTuning t = current_tuning();
   if (!find_kernel(p->k2, p->codebook, p->m, t, &pl->k)) return EXL3_ERR_BITS;
   DeviceInfo d;
   st = device_info(&d);
@@ -1805,7 +1933,7 @@ int plan_call(const Exl3GemvParams* p, Plan* pl) {
   pl->pdl = d.major >= 9 && t.pdl != 0;
   st = ksplit_range(p, d, t, pl);
   if (st != EXL3_OK) return st;
-  const int ks = p->ksplit != 0 ? p->ksplit : auto_ksplit(p, *pl, d);
+  const int ks = p->ksplit != 0 ? p->ksplit : auto_ksplit(p, *pl, d, batch);
   if (ks < pl->lo || ks > pl->hi) return EXL3_ERR_KSPLIT;
   const int n_k = p->in_features / 128;
   pl->ksplit = ks;
@@ -1825,6 +1953,8 @@ int plan_call(const Exl3GemvParams* p, Plan* pl) {
   return EXL3_OK;
 }
 
+int plan_call(const Exl3GemvParams* p, Plan* pl) { return plan_with(p, current_tuning(), 1, pl); }
+
 cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, void** args, bool pdl,
                    int threads = kWarps * 32) {
   cudaLaunchConfig_t cfg = {};
@@ -1843,7 +1973,133 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
+// The fused MoE's kernel for a rate: the one-row integer kernel's geometry (its plan), the MoE entry point.
+const void* moe_kernel(int k2, bool act_in) {
+#define EXL3_MOE(K2_) \
+  if (k2 == K2_) return act_in ? reinterpret_cast<const void*>(moe_i8_kernel<K2_, true>) : reinterpret_cast<const void*>(moe_i8_kernel<K2_, false>);
+  EXL3_MOE(2) EXL3_MOE(3) EXL3_MOE(4) EXL3_MOE(5) EXL3_MOE(6) EXL3_MOE(7) EXL3_MOE(8)
+  EXL3_MOE(10) EXL3_MOE(12) EXL3_MOE(14) EXL3_MOE(16)
+#undef EXL3_MOE
+  return nullptr;
+}
+
+int moe_check(int in_features, int out_features, int k2, int codebook) {
+  const int st = check_shape(1, in_features, out_features, k2, codebook);
+  if (st != EXL3_OK) return st;
+  return codebook == 2 && moe_kernel(k2, false) != nullptr ? EXL3_OK : EXL3_ERR_MOE_CODEBOOK;
+}
+
+// The MoE launch's plan: the one-row integer GEMV's, whatever the tuning says about mul1 (the MoE has no fp16-kernel
+// path), split for slots * nproj GEMVs side by side.
+int moe_plan(const Exl3MoeParams* p, Plan* pl) {
+  const int st = moe_check(p->in_features, p->out_features, p->k2, p->codebook);
+  if (st != EXL3_OK) return st;
+  if (p->slots < 0 || p->nproj < 1) return EXL3_ERR_ROWS;
+  Exl3GemvParams q{};
+  q.m = 1;
+  q.in_features = p->in_features;
+  q.out_features = p->out_features;
+  q.k2 = p->k2;
+  q.codebook = p->codebook;
+  q.ksplit = p->ksplit;
+  Exl3GemvTuning t = current_tuning();
+  t.mul1_fp16 = 0;
+  t.i8_max_rows = kMaxRows;
+  t.xprep_min_rows = 0;
+  const int batch = p->slots * p->nproj > 0 ? p->slots * p->nproj : 1;
+  return plan_with(&q, t, batch, pl);
+}
+
 }  // namespace exl3
+
+extern "C" int exl3_moe_supports(int in_features, int out_features, int k2, int codebook) {
+  return exl3::moe_check(in_features, out_features, k2, codebook);
+}
+
+extern "C" int exl3_moe_plan(const Exl3MoeParams* p, int* ksplit, size_t* partial_floats, size_t* workspace_ints) {
+  exl3::Plan pl;
+  const int st = exl3::moe_plan(p, &pl);
+  if (st != EXL3_OK) return st;
+  const size_t z = static_cast<size_t>(p->slots) * p->nproj;
+  *ksplit = pl.ksplit;
+  *partial_floats = pl.partial_floats * z;
+  *workspace_ints = pl.workspace_ints * z;
+  return EXL3_OK;
+}
+
+extern "C" int exl3_moe_launch(const Exl3MoeParams* p, cudaStream_t stream) {
+  using namespace exl3;
+  Plan pl;
+  const int st = moe_plan(p, &pl);
+  if (st != EXL3_OK) return st;
+  if (p->slots == 0) return EXL3_OK;
+  const uintptr_t any = reinterpret_cast<uintptr_t>(p->x) | reinterpret_cast<uintptr_t>(p->y) |
+                        reinterpret_cast<uintptr_t>(p->counters);
+  if ((any & 15) != 0 || p->counters == nullptr || p->ids == nullptr || p->table == nullptr ||
+      p->sel_of == nullptr || (pl.partial_floats > 0 && p->partials == nullptr) || (p->x_stride & 7) != 0 ||
+      p->x_div < 1)
+    return EXL3_ERR_ALIGN;
+  MoeArgs a{};
+  a.k.x = static_cast<const __half*>(p->x);
+  a.k.y = static_cast<__half*>(p->y);
+  a.k.partials = p->partials;
+  a.k.counters = p->counters;
+  a.k.m = 1;
+  a.k.in_features = p->in_features;
+  a.k.out_features = p->out_features;
+  a.k.ksplit = pl.ksplit;
+  a.k.max_chunks = pl.max_chunks;
+  a.k.xprep = nullptr;
+  a.k.act_in = p->act_in < 0 ? 0 : p->act_in;
+  a.ids = p->ids;
+  a.lookup = p->lookup;
+  a.n_global = p->n_global;
+  a.n_local = p->n_local;
+  a.table = p->table;
+  a.sel_of = p->sel_of;
+  a.table_stride = p->table_stride;
+  a.proj0 = p->proj0;
+  a.nproj = p->nproj;
+  a.x_div = p->x_div;
+  a.x_stride = p->x_stride;
+  a.sel = 4 * p->k2 + p->codebook;
+  a.ws_ints = static_cast<int>(pl.workspace_ints);
+  const void* fn = moe_kernel(p->k2, p->act_in >= 0);
+  Exl3GemvParams one{};  // the shape of each of the launch's GEMVs: one row
+  one.m = 1;
+  one.in_features = p->in_features;
+  one.out_features = p->out_features;
+  const int smem = smem_for_chunks(&one, pl.k, pl.max_chunks, false);
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  void* args[] = {&a};
+  const dim3 grid(p->out_features / 128, pl.ksplit, p->slots * p->nproj);
+  e = launch(fn, grid, smem, stream, args, pl.pdl, pl.k.warps * 32);
+  if (e != cudaSuccess) return fail_cuda(e, "MoE kernel launch");
+  return EXL3_OK;
+}
+
+extern "C" int exl3_moe_reduce_launch(const void* y, const int* ids, const int* lookup, int n_global, int n_local,
+                                      const float* weights, int tokens, int topk, int hidden, void* out,
+                                      int out_dtype, cudaStream_t stream) {
+  using namespace exl3;
+  if (tokens == 0) return EXL3_OK;
+  if (tokens < 0 || topk < 1 || hidden <= 0 || hidden % 4 != 0 || out_dtype < 0 || out_dtype > 2)
+    return EXL3_ERR_SHAPE;
+  if (((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(out)) & 15) != 0) return EXL3_ERR_ALIGN;
+  const void* fn = out_dtype == 0   ? reinterpret_cast<const void*>(moe_reduce_kernel<0>)
+                   : out_dtype == 1 ? reinterpret_cast<const void*>(moe_reduce_kernel<1>)
+                                    : reinterpret_cast<const void*>(moe_reduce_kernel<2>);
+  const __half* yh = static_cast<const __half*>(y);
+  void* args[] = {&yh, &ids, &lookup, &n_global, &n_local, &weights, &topk, &hidden, &out};
+  DeviceInfo d;
+  const int st = device_info(&d);
+  if (st != EXL3_OK) return st;
+  const dim3 grid((hidden / 4 + 255) / 256, tokens);
+  const cudaError_t e = launch(fn, grid, 0, stream, args, d.major >= 9 && current_tuning().pdl != 0, 256);
+  if (e != cudaSuccess) return fail_cuda(e, "MoE reduce kernel launch");
+  return EXL3_OK;
+}
 
 extern "C" int exl3_gemv_supports(int m, int in_features, int out_features, int k2, int codebook) {
   return exl3::check_shape(m, in_features, out_features, k2, codebook);
@@ -1948,6 +2204,8 @@ extern "C" const char* exl3_gemv_error_string(int status) {
       return "EXL3 GEMV: ksplit out of range for this shape (a block takes at most 16 chunks of 128 inputs and must "
              "fit the device's shared memory per block; 1-2 rows of mul1 take at most 255 slices)";
     case EXL3_ERR_ALIGN: return "EXL3 GEMV: every tensor must be 16-byte aligned and the scratch buffers present";
+    case EXL3_ERR_MOE_CODEBOOK:
+      return "EXL3 fused MoE takes the mul1 codebook only (3inst and mcg experts run per expert through the GEMV)";
     case EXL3_ERR_CUDA: return exl3::g_error;
     default: return "EXL3 GEMV: unknown status";
   }

@@ -22,6 +22,7 @@ enum Exl3GemvStatus {
   EXL3_ERR_KSPLIT = 5,     // ksplit outside the valid range for this shape
   EXL3_ERR_ALIGN = 6,      // a pointer not aligned to 16 bytes
   EXL3_ERR_CUDA = 7,       // a CUDA runtime call failed (see exl3_gemv_last_cuda_error)
+  EXL3_ERR_MOE_CODEBOOK = 8,  // the fused MoE takes mul1 experts only
 };
 
 // One GEMV call: y[m, O] = x[m, I] . W, W = diag(suh) . H . W_hat(trellis) . H . diag(svh) (SPEC 4).
@@ -80,6 +81,54 @@ int exl3_gemv_ksplit_range(const Exl3GemvParams* p, int* lo, int* hi);
 
 // Launches the kernel on `stream`. Returns EXL3_OK or an Exl3GemvStatus code.
 int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream);
+
+// ----- Fused MoE decode: only the routed experts, no host synchronisation ---------------------------------------
+//
+// One launch computes one projection (or gate and up together) of every routed (token, slot) pair as a one-row GEMV
+// of that slot's expert, found on the device through the routing ids and a table of expert pointers; a second one
+// does the down projection with act(gate) * up made as its input is loaded; a third (exl3_moe_reduce_launch) sums
+// each token's slots weighted by the router. Experts of a projection may differ in K: a launch runs the experts of
+// one (k2, codebook) pair (`sel`) and its blocks for other experts return at once, so a layer of uniform K takes three
+// launches. Blocks are (O / 128) x ksplit x (slots * nproj); every launch is CUDA-graph capturable.
+typedef struct Exl3MoeTable {
+  const void* trellis;  // int16 [I/16, O/16, 8*k2]
+  const void* suh;      // fp16 [I]
+  const void* svh;      // fp16 [O]
+} Exl3MoeTable;
+
+typedef struct Exl3MoeParams {
+  const void* x;        // fp16 input rows: slot s reads row s / x_div at x + row * x_stride halves
+  int x_div, x_stride;
+  const int* ids;       // int32 [slots]: the global expert id of each slot (token-major: slot = token * topk + j)
+  const int* lookup;    // int32 [n_global]: global id -> local expert, -1 = not held here; NULL: the id is local
+  int n_global, n_local;
+  const Exl3MoeTable* table;  // device [n_local][table_stride]: this launch's projections at proj0, proj0 + 1, ..
+  const int* sel_of;          // device [n_local][table_stride]: 4 * k2 + codebook of each entry
+  int table_stride, proj0;
+  int nproj;            // projections per slot in this launch: z = slot * nproj + proj, y row z
+  int slots;
+  void* y;              // fp16 [slots * nproj, O]
+  int* counters;        // zeroed int32 workspace, exl3_moe_plan's workspace_ints (left zero, as the GEMV's)
+  float* partials;      // fp32 scratch, exl3_moe_plan's partial_floats (may be NULL when that is 0)
+  int in_features, out_features;
+  int k2, codebook;     // the (k2, codebook) this launch runs (sel = 4 * k2 + codebook)
+  int act_in;           // -1: x is the input as it is; else the down projection's activation, see EXL3_MOE_ACT_*
+  int ksplit;           // 0 = automatic (chosen for slots * nproj GEMVs at once)
+} Exl3MoeParams;
+
+enum { EXL3_MOE_ACT_SILU = 0, EXL3_MOE_ACT_GELU = 1, EXL3_MOE_ACT_GELU_TANH = 2, EXL3_MOE_GATED = 4 };
+
+// EXL3_OK when the fused MoE takes this (k2, codebook) and shape (today: the mul1 codebook, every rate, which every
+// exllamav3 model since 1.0 uses; others take the per-expert path), else why not.
+int exl3_moe_supports(int in_features, int out_features, int k2, int codebook);
+int exl3_moe_plan(const Exl3MoeParams* p, int* ksplit, size_t* partial_floats, size_t* workspace_ints);
+int exl3_moe_launch(const Exl3MoeParams* p, cudaStream_t stream);
+
+// out[t, n] = sum_j w[t, j] * y[t * topk + j, n] over the slots whose expert is held (lookup >= 0), in slot order,
+// in fp32; out_dtype 0 = fp16, 1 = bf16, 2 = fp32.
+int exl3_moe_reduce_launch(const void* y, const int* ids, const int* lookup, int n_global, int n_local,
+                           const float* weights, int tokens, int topk, int hidden, void* out, int out_dtype,
+                           cudaStream_t stream);
 
 // A one-line description of a status code, including the last CUDA error for EXL3_ERR_CUDA.
 const char* exl3_gemv_error_string(int status);

@@ -15,8 +15,9 @@ import os
 import shlex
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -30,6 +31,9 @@ __all__ = [
     "gemv",
     "gemv_ksplit",
     "gemv_ksplit_range",
+    "moe",
+    "moe_prepare",
+    "moe_supports",
     "set_tuning",
     "sources",
     "supports",
@@ -39,7 +43,7 @@ __all__ = [
 ]
 
 #: Name of the compiled module (bump the suffix when the binding's signature changes, so stale caches are ignored).
-EXTENSION_NAME = "sparkctl_exl3_cuda_v3"
+EXTENSION_NAME = "sparkctl_exl3_cuda_v4"
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _lock = threading.Lock()
@@ -181,6 +185,7 @@ def set_tuning(**changes: int) -> None:
     merged = {**module.tuning(), **changes}
     module.set_tuning(*(int(merged[name]) for name in TUNING_FIELDS))
     _workspace_need.clear()
+    _moe_need.clear()
 
 
 @contextmanager
@@ -204,6 +209,12 @@ def _workspace_for(
     if need is None:
         need = max(_WORKSPACE_MIN, int(module.gemv_workspace(trellis, rows, codebook_id, ksplit)))
         _workspace_need[shape_key] = need
+    return _stream_workspace(device, need)
+
+
+def _stream_workspace(device: torch.device, need: int) -> torch.Tensor:
+    """The zeroed int32 workspace of the current stream, grown to ``need`` elements (the kernels leave it zero)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
     stream = torch.cuda.current_stream(index).cuda_stream
     key = (index, stream)
     buf = _workspaces.get(key)
@@ -252,6 +263,191 @@ def gemv_ksplit_range(
     """(lo, hi): the splits the kernel accepts for this shape on the current device (under the current tuning)."""
     lo, hi = _module_or_raise().gemv_ksplit_range(rows, in_features, out_features, k2, codebook_id)
     return int(lo), int(hi)
+
+
+# --- fused MoE decode --------------------------------------------------------------------------------------------
+
+# Workspace size per MoE call shape (asked of the kernel's planner once; a new tuning empties it, as _workspace_need).
+_moe_need: dict[tuple, int] = {}
+#: Activations the fused MoE makes in its down projection's input (exl3_gemv.h, EXL3_MOE_ACT_*).
+MOE_ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+_OUT_DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+@dataclass(frozen=True)
+class MoeTables:
+    """One MoE layer's experts as the fused kernel finds them on the device: made once at load time.
+
+    ``table`` holds each local expert's (gate, up, down) x (trellis, suh, svh) device pointers, so ``keep`` must hold
+    the tensors they point into for as long as the tables are used.
+    """
+
+    table: torch.Tensor  # int64 [E, 3, 3]
+    sel: torch.Tensor  # int32 [E, 3]: 4 * k2 + codebook of each projection
+    lookup: (
+        torch.Tensor
+    )  # int32 [n_global]: global expert id -> local index, -1 = not held; empty: ids are local
+    hidden: int
+    width: int
+    gated: bool
+    gu_sels: tuple[int, ...]  # distinct (k2, codebook) pairs of the gate/up projections: one launch each
+    down_sels: tuple[int, ...]
+    keep: tuple[torch.Tensor, ...]
+
+
+def _aligned16(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def moe_supports(experts: Sequence[Mapping[str, tuple | None]]) -> bool:
+    """Whether :func:`moe` takes these experts: CUDA tensors, every projection mul1 at a compiled rate, one shape."""
+    module = _load()
+    if module is None or not experts:
+        return False
+    shapes = set()
+    for e in experts:
+        for tag in ("gate", "up", "down"):
+            w = e.get(tag)
+            if w is None:
+                if tag == "up":
+                    continue
+                return False
+            trellis, suh, svh, codebook = w
+            if not (trellis.is_cuda and trellis.dtype == torch.int16 and trellis.dim() == 3):
+                return False
+            if suh.dtype != torch.float16 or svh.dtype != torch.float16 or trellis.shape[2] % 8:
+                return False
+            cb = codebook if isinstance(codebook, int) else _codebook_id(codebook)
+            i, o = 16 * trellis.shape[0], 16 * trellis.shape[1]
+            if not module.moe_supports(i, o, trellis.shape[2] // 8, cb):
+                return False
+            shapes.add((tag, i, o))
+    by_tag = {tag: {(i, o) for t, i, o in shapes if t == tag} for tag in ("gate", "up", "down")}
+    if any(len(v) > 1 for v in by_tag.values()):
+        return False
+    (gi, go), (di, do) = next(iter(by_tag["gate"])), next(iter(by_tag["down"]))
+    return gi == do and go == di and (not by_tag["up"] or by_tag["up"] == by_tag["gate"])
+
+
+def _codebook_id(name: str) -> int:
+    from .ops import CODEBOOKS
+
+    return CODEBOOKS[name]
+
+
+def moe_prepare(
+    experts: Sequence[Mapping[str, tuple | None]], expert_ids: Sequence[int] | None = None
+) -> MoeTables:
+    """The device tables of one layer's experts for :func:`moe`.
+
+    ``experts[i]`` maps "gate", "up" (None when not gated) and "down" to ``(trellis, suh, svh, codebook)`` (codebook
+    by name or id); ``expert_ids[i]`` is expert i's global id (default: i), which is what the router's ids name.
+    """
+    if not moe_supports(experts):
+        raise ValueError(
+            "EXL3 fused MoE: the experts must be CUDA mul1 layers of one shape (gate/up [H, W], down [W, H]) at a "
+            "compiled rate"
+        )
+    gated = experts[0].get("up") is not None
+    if any((e.get("up") is not None) != gated for e in experts):
+        raise ValueError("EXL3 fused MoE: some experts have an up projection and others do not")
+    device = experts[0]["gate"][0].device
+    keep: list[torch.Tensor] = []
+    ptrs: list[list[list[int]]] = []
+    sels: list[list[int]] = []
+    for e in experts:
+        row_p, row_s = [], []
+        for tag in ("gate", "up", "down"):
+            w = e.get(tag)
+            if w is None:
+                row_p.append([0, 0, 0])
+                row_s.append(-1)
+                continue
+            trellis, suh, svh, codebook = w
+            ts = [_aligned16(trellis), _aligned16(suh), _aligned16(svh)]
+            keep.extend(ts)
+            row_p.append([t.data_ptr() for t in ts])
+            cb = codebook if isinstance(codebook, int) else _codebook_id(codebook)
+            row_s.append(4 * (trellis.shape[2] // 8) + cb)
+        ptrs.append(row_p)
+        sels.append(row_s)
+    ids = list(range(len(experts))) if expert_ids is None else [int(i) for i in expert_ids]
+    if len(ids) != len(experts) or len(set(ids)) != len(ids) or min(ids) < 0:
+        raise ValueError("EXL3 fused MoE: expert_ids must give each expert a distinct non-negative global id")
+    if ids == list(range(len(experts))):
+        lookup = torch.empty(0, dtype=torch.int32, device=device)
+    else:
+        table = [-1] * (max(ids) + 1)
+        for local, gid in enumerate(ids):
+            table[gid] = local
+        lookup = torch.tensor(table, dtype=torch.int32, device=device)
+    gate_t = experts[0]["gate"][0]
+    return MoeTables(
+        table=torch.tensor(ptrs, dtype=torch.int64, device=device),
+        sel=torch.tensor(sels, dtype=torch.int32, device=device),
+        lookup=lookup,
+        hidden=16 * int(gate_t.shape[0]),
+        width=16 * int(gate_t.shape[1]),
+        gated=gated,
+        gu_sels=tuple(sorted({s for row in sels for s in row[:2] if s >= 0})),
+        down_sels=tuple(sorted({row[2] for row in sels})),
+        keep=tuple(keep),
+    )
+
+
+def moe(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    tables: MoeTables,
+    activation: str = "silu",
+    *,
+    out_dtype: torch.dtype = torch.float16,
+    ksplit_gu: int = 0,
+    ksplit_down: int = 0,
+) -> torch.Tensor:
+    """``sum_j w[t, j] * down(act(gate(x_t)) * up(x_t))`` over each token's routed experts, for fp16 ``x [T, H]``.
+
+    Only the routed experts are computed, found on the device (no host synchronisation, CUDA-graph capturable):
+    three launches for a layer of one (k2, codebook) pair, one more per extra pair. Slots routed to experts this
+    rank does not hold add nothing. ``ksplit_*``: the split-K of the two GEMV launches (0 = automatic; the bench
+    sweeps them).
+    """
+    module = _module_or_raise()
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(
+            f"EXL3 fused MoE: activation {activation!r} is not one of {', '.join(MOE_ACTIVATIONS)}"
+        )
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"EXL3 fused MoE: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    if x.dim() != 2 or x.shape[-1] != tables.hidden:
+        raise ValueError(f"EXL3 fused MoE: x must be [tokens, {tables.hidden}], got {tuple(x.shape)}")
+    tokens, topk = (int(d) for d in topk_ids.shape)
+    key = (tokens, topk, tables.hidden, tables.width, tables.gated, tables.gu_sels, tables.down_sels)
+    key = (*key, int(ksplit_gu), int(ksplit_down))
+    need = _moe_need.get(key)
+    if need is None:
+        need = int(module.moe_workspace(*key[:5], list(key[5]), list(key[6]), *key[7:]))
+        _moe_need[key] = need
+    workspace = _stream_workspace(x.device, max(_WORKSPACE_MIN, need))
+    return module.moe(
+        x,
+        topk_ids,
+        topk_weights,
+        tables.lookup,
+        tables.table,
+        tables.sel,
+        tables.width,
+        tables.gated,
+        MOE_ACTIVATIONS[activation],
+        list(tables.gu_sels),
+        list(tables.down_sels),
+        _OUT_DTYPES[out_dtype],
+        workspace,
+        int(ksplit_gu),
+        int(ksplit_down),
+    )
 
 
 def _main(argv: list[str]) -> int:

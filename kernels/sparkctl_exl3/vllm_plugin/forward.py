@@ -13,9 +13,10 @@ tensors are only indexed, multiplied and compared), so both are safe under CUDA 
   projection (:func:`stack_experts`, once at load time), every (token, slot) pair gathers its expert by id
   (``ops.exl3_gemm_gathered``) and the weighted results are scattered back onto their tokens (``index_add_``):
   top_k decodes per token instead of one per local expert.
-* CUDA: every local expert runs on every token through the EXL3 GEMV and is weighted by that token's routing
-  weight for it (zero when not routed), ``local experts / top_k`` times the minimal work, until a fused MoE
-  decode kernel replaces it.
+* CUDA, mul1 experts (every exllamav3 model since 1.0), up to :data:`FUSED_MAX_TOKENS` tokens: the fused MoE decode
+  (``sparkctl_exl3.cuda.moe``): only the routed experts, found on the device from the routing ids, in three launches.
+* CUDA otherwise (other codebooks, more tokens, router weight on the input): every local expert runs on every token
+  through the EXL3 op and is weighted by that token's routing weight for it (zero when not routed).
 """
 
 from __future__ import annotations
@@ -212,6 +213,37 @@ def _moe_routed(
     return out.to(x.dtype)
 
 
+#: Most tokens the fused MoE decode takes per call (its grid holds tokens * top_k * 2 GEMVs); prefill-sized batches
+#: take the per-expert path.
+FUSED_MAX_TOKENS = 64
+
+
+def fused_tables(
+    experts: Sequence[ExpertWeights], expert_ids: Sequence[int], *, hidden: int, intermediate: int
+) -> object | None:
+    """The fused MoE's device tables for a CUDA layer (``cuda.moe_prepare``), or None when the kernel does not take
+    these experts (codebooks other than mul1, padded widths, no extension): the layer then runs per expert."""
+    if not experts or not experts[0].gate.trellis.is_cuda:
+        return None
+    try:
+        from .. import cuda
+    except ImportError:
+        return None
+    table = [
+        {
+            tag: None if w is None else (w.trellis, w.suh, w.svh, w.codebook)
+            for tag, w in (("gate", e.gate), ("up", e.up), ("down", e.down))
+        }
+        for e in experts
+    ]
+    if not cuda.moe_supports(table):
+        return None
+    tables = cuda.moe_prepare(table, list(expert_ids))
+    if tables.hidden != hidden or tables.width != intermediate:
+        return None  # stored widths padded past the layer's: the per-expert path cuts and pads them
+    return tables
+
+
 def exl3_moe_forward(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -224,12 +256,14 @@ def exl3_moe_forward(
     activation: str,
     apply_router_weight_on_input: bool = False,
     stack: ExpertStack | None = None,
+    fused: object | None = None,
 ) -> torch.Tensor:
     """Top-k weighted sum of the routed experts' outputs for x [tokens, hidden] -> [tokens, hidden].
 
     ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. On the CPU only the
-    routed experts are computed, from ``stack`` (``stack_experts(experts)``; made here when not given). On CUDA the
-    loop is over the experts this rank holds (a fixed Python list), never over routing values.
+    routed experts are computed, from ``stack`` (``stack_experts(experts)``; made here when not given). On CUDA,
+    ``fused`` (:func:`fused_tables`, made once at load time) takes decode-sized calls through the fused kernel; the
+    other calls loop over the experts this rank holds (a fixed Python list), never over routing values.
     """
     if not x.is_cuda:
         return _moe_routed(
@@ -243,6 +277,12 @@ def exl3_moe_forward(
             activation=activation,
             apply_router_weight_on_input=apply_router_weight_on_input,
         )
+    if fused is not None and not apply_router_weight_on_input and x.shape[0] <= FUSED_MAX_TOKENS:
+        from .. import cuda
+
+        out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+        y = cuda.moe(x.to(torch.float16), topk_ids, topk_weights, fused, activation, out_dtype=out_dtype)  # type: ignore[arg-type]
+        return y.to(x.dtype)
     act = ACTIVATIONS[activation]
     dtype = op_dtype_for(x)
     out = torch.zeros(x.shape[0], hidden, dtype=torch.float32, device=x.device)

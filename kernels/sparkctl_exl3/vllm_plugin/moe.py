@@ -6,7 +6,8 @@ up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with th
 loaders keep per-expert tensors, cut for tensor parallelism on 128 boundaries.
 
 The forward is :func:`forward.exl3_moe_forward`: on the CPU only the routed experts, gathered by id from per-projection
-stacks made once here; on CUDA every local expert through the GEMV until a fused MoE decode kernel replaces it.
+stacks made once here; on CUDA the fused MoE decode for mul1 experts (its device tables made once here), every local
+expert through the EXL3 op otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .forward import (
     StackedProjection,
     exl3_moe_forward,
     finish_shard,
+    fused_tables,
     stack_experts,
 )
 from .linear import LOADED_TENSORS, cut_for_rank
@@ -173,6 +175,10 @@ class EXL3MoEMethod(FusedMoEMethodBase):
             for e in experts
         ]
         layer.exl3_expert_ids = [plan.global_ids.get(i, i) for i in range(plan.local_experts)]
+        # CUDA: the fused MoE decode's device tables (pointers into the buffers above), None where it does not apply
+        layer.exl3_fused = fused_tables(
+            experts, layer.exl3_expert_ids, hidden=plan.hidden, intermediate=plan.intermediate
+        )
         # The CPU path gathers routed experts from per-projection stacks (a copy of the experts' tensors, made
         # once: on the CPU the decode, not memory, is what costs).
         layer.exl3_stack_meta = None
@@ -254,4 +260,5 @@ class EXL3MoEMethod(FusedMoEMethodBase):
             activation=plan.activation,
             apply_router_weight_on_input=bool(getattr(layer, "apply_router_weight_on_input", False)),
             stack=None if x.is_cuda else self.expert_stack(layer),
+            fused=getattr(layer, "exl3_fused", None),
         )
