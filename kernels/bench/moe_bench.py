@@ -293,7 +293,7 @@ class Ours:
 class Peer:
     """exllamav3 1.6.5 through ``peer_exllamav3`` (loaded once; a failure is one line and the run goes on)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, allow_jit: bool = True) -> None:
         self.reason: str | None = None
         self.mod = None
         if not enabled:
@@ -302,7 +302,7 @@ class Peer:
         try:
             import peer_exllamav3
 
-            peer_exllamav3.load()
+            peer_exllamav3.load(allow_jit=allow_jit)
             self.mod = peer_exllamav3
         except Exception as exc:  # noqa: BLE001
             self.reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -717,6 +717,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-check", action="store_true", help="only the timed cases' own checks")
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--no-peer", action="store_true", help="leave exllamav3 out")
+    p.add_argument(
+        "--peer-no-jit",
+        action="store_true",
+        help="use exllamav3 only from a prebuilt .device/peer/exllamav3_ext*.so (peer_build.sh / peer_unpack.sh)",
+    )
     p.add_argument("--cases", default="glm,qwen,prefill", help="timed cases: glm,qwen,prefill")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -736,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"machine: {json.dumps(report['machine'])}")
     t0 = time.time()
     # the peer first: exllamav3's import must see EXL3_EXPANDABLE_SEGMENTS=0 before anything allocates
-    peer = Peer(not args.no_peer)
+    peer = Peer(not args.no_peer, allow_jit=not args.peer_no_jit)
     report["peer"] = peer.mod.info() if peer.ok else {"error": peer.reason}
     log(
         f"exllamav3: {'ok ' + json.dumps(report['peer']) if peer.ok else 'UNAVAILABLE: ' + str(peer.reason)}"

@@ -15,8 +15,10 @@ export TORCH_EXTENSIONS_DIR=$build MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST
 export EXL3_EXPANDABLE_SEGMENTS=0
 t0=$(date +%s)
 log=$build/build.log
-# from a directory with no exllamav3_ext beside it, so exllamav3's find_spec check cannot pick up an old .so
-if ! (cd "$build" && python3 -c "from exllamav3.ext import exllamav3_ext as e; print(e.__file__)") >"$log" 2>&1; then
+# from an empty directory, so exllamav3's find_spec("exllamav3_ext") check sees neither an old .so nor the JIT
+# build's own exllamav3_ext/ folder
+mkdir -p "$build/cwd"
+if ! (cd "$build/cwd" && python3 -c "from exllamav3.ext import exllamav3_ext as e; print(e.__file__)") >"$log" 2>&1; then
     echo "peer build: FAILED after $(($(date +%s) - t0)) s: $(grep -m1 -E 'Error|error' "$log" || tail -n1 "$log")"
     exit 1
 fi

@@ -15,9 +15,10 @@ classes, which build their kernel arguments the way a loaded exllamav3 model doe
   Only the router is replaced: the module's routing function returns the ``topk_ids`` / ``topk_weights`` given, so
   the expert paths see exactly the bench's routing. Which expert path runs is the module's own choice
   (:func:`moe_path`): 1..8 tokens ``BC_BlockSparseMLP.run_bszN`` (the two-launch fused decode, ``exl3_moe_coop``,
-  routing read on the device: CUDA-graph capturable); more tokens the prefill tiers (``exl3_moe`` fused kernel
-  for experts of up to ``fused_rows`` rows in 16/32/64-row tiles, the batched reconstruct tier above that,
-  ``exl3_moe_gather``), which reads the per-expert counts on the host (``.tolist()``) and so is NOT capturable.
+  routing read on the device, no host sync: capturable by design, which the bench's graph-replay check tries);
+  more tokens the prefill tiers (``exl3_moe`` fused kernel for experts of up to ``fused_rows`` rows in 16/32/64-row
+  tiles, the batched reconstruct tier above that, ``exl3_moe_gather``), which read the per-expert counts on the
+  host (``.tolist()``) once tokens x top_k exceeds ``fused_rows``, and so are NOT capturable.
 
 Loading (:func:`load`): a prebuilt ``exllamav3_ext*.so`` in ``.device/peer/`` (``peer_build.sh`` makes it,
 ``peer_unpack.sh`` puts it back there) is found first, as exllamav3's ``ext.py`` checks ``find_spec`` before it
@@ -65,10 +66,12 @@ def _prebuilt(dirpath: Path) -> Path | None:
     return found[0] if found else None
 
 
-def load(prebuilt_dir: Path | str | None = None) -> ModuleType:
-    """Import exllamav3 and its CUDA extension (prebuilt .so if present, else JIT), once; raise PeerUnavailable.
+def load(prebuilt_dir: Path | str | None = None, *, allow_jit: bool = True) -> ModuleType:
+    """Import exllamav3 and its CUDA extension (prebuilt .so if present, else JIT unless ``allow_jit`` is False),
+    once; raise PeerUnavailable. ``info()`` then says how it was loaded and how long it took.
 
-    ``info()`` then says how it was loaded and how long it took.
+    ``allow_jit=False`` is for a device command that already ran ``peer_build.sh``: if that failed or ran out of
+    time, a second ~6 minute build inside the bench would only eat the time our side needs.
     """
     if "ext" in _loaded:
         return _loaded["ext"]
@@ -79,6 +82,11 @@ def load(prebuilt_dir: Path | str | None = None) -> ModuleType:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
     pdir = Path(prebuilt_dir) if prebuilt_dir is not None else PREBUILT_DIR
     so = _prebuilt(pdir)
+    if so is None and not allow_jit:
+        _loaded["error"] = (
+            f"exllamav3 {VERSION} unavailable: no prebuilt {EXT_NAME}*.so in {pdir} (JIT build off)"
+        )
+        raise PeerUnavailable(_loaded["error"])
     if so is not None and str(pdir) not in sys.path:
         sys.path.insert(0, str(pdir))
     t0 = time.time()
@@ -324,7 +332,9 @@ def moe_path(handle: MoEHandle, tokens: int) -> str:
 
     mlp = handle.mlp
     if mlp.bc is not None and tokens <= MAX_BSZN:
-        return "run_bszN: fused decode, exl3_moe_coop (2 launches, graph-capturable)"
+        return "run_bszN: fused decode, exl3_moe_coop (2 launches, no host sync)"
+    if mlp.fused_mode_buffers is not None and tokens * handle.top_k <= mlp.fused_rows:
+        return f"prefill: exl3_moe fused, every expert (<= {mlp.fused_rows} assignments: no host sync)"
     if mlp.fused_mode_buffers is not None:
         return (
             f"prefill tiers: exl3_moe fused (<= {mlp.fused_rows} rows/expert, 16/32/64-row tiles) + batched "

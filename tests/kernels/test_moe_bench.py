@@ -67,7 +67,7 @@ def test_random_routings(mb) -> None:
         assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.shape == w.shape == (300, 8)
         assert all(len(set(row)) == 8 for row in ids.tolist()), kind  # distinct experts per token, as top-k
         assert torch.allclose(w.sum(-1), torch.ones(300)) and (w > 0).all()
-        assert 0 <= int(ids.min()) and int(ids.max()) < 64
+        assert int(ids.min()) >= 0 and int(ids.max()) < 64
         if kind == "dup":
             assert len(torch.unique(ids)) <= 10  # a pool of k + 2: tokens share experts
         if kind == "same":
@@ -123,7 +123,9 @@ def test_reference_moe_is_the_plugins_routed_forward(mb, activation: str) -> Non
             h = act(reference.matmul(xt, *e["gate"]).float()) * reference.matmul(xt, *e["up"]).float()
             loop[t] += float(w[t, slot]) * reference.matmul(h.half(), *e["down"]).float()[0]
     assert _rel(y, loop) < 1e-3
-    assert 0.05 < float(y.float().abs().mean()) < 20  # unit-scale outputs: neither zero nor near fp16 overflow
+    assert (
+        0.05 < float(y.float().abs().mean()) < 20
+    )  # unit-scale outputs: neither zero nor near fp16 overflow
 
 
 def test_reference_moe_drops_ids_it_does_not_hold(mb) -> None:
@@ -133,7 +135,9 @@ def test_reference_moe_drops_ids_it_does_not_hold(mb) -> None:
     ids = torch.tensor([[0, 3], [-1, 2]], dtype=torch.int32)
     w = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
     held = mb.reference_moe(x, ids, w, experts)
-    only = mb.reference_moe(x, torch.tensor([[0, 0], [2, 2]]), torch.tensor([[0.5, 0.0], [0.0, 0.75]]), experts)
+    only = mb.reference_moe(
+        x, torch.tensor([[0, 0], [2, 2]]), torch.tensor([[0.5, 0.0], [0.0, 0.75]]), experts
+    )
     assert torch.equal(held, only)
 
 
@@ -166,3 +170,33 @@ def test_peer_without_exllamav3_is_one_line(monkeypatch) -> None:
             peer.load()
     finally:
         del sys.modules["kernels_bench_peer_exllamav3"]
+
+
+class _FakeKernel:
+    """Stands in for sparkctl_exl3.cuda's MoE entry points: the reference itself, or the reference with one expert's
+    contribution lost (a kernel that drops a routed expert)."""
+
+    def __init__(self, mb, broken: bool) -> None:
+        self.mb, self.broken = mb, broken
+
+    def moe_prepare(self, experts, expert_ids=None):
+        return list(experts)
+
+    def moe(self, x, topk_ids, topk_weights, tables, activation="silu"):
+        if self.broken:
+            topk_weights = torch.where(topk_ids == topk_ids[0, 0], 0.0, topk_weights)
+        return self.mb.reference_moe(x, topk_ids, topk_weights, tables, activation)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_checker_passes_a_right_kernel_and_fails_a_wrong_one(mb, broken: bool) -> None:
+    """The bench's check plumbing (routing, poisoned output, error against the reference) on the CPU."""
+    ours = mb.Ours.__new__(mb.Ours)
+    ours.reason, ours.cuda = None, _FakeKernel(mb, broken)
+    lines: list[str] = []
+    chk = mb.Checker(ours, mb.Peer(False), lines.append)
+    experts = mb.random_experts(4, 128, 128, 2.0, "mul1", seed=9, device="cpu")
+    chk.layer("tiny", experts, 2, [(3, "dup"), (9, "fat")], torch.Generator().manual_seed(4))
+    assert [c.who for c in chk.results] == ["ours", "ours"]
+    assert all(c.ok for c in chk.results) is not broken
+    assert all(("FAIL" in line) is broken for line in lines)
