@@ -685,7 +685,7 @@ def _fmt(v: float | None, digits: int = 2) -> str:
 def table(rows: Sequence[Timing]) -> str:
     head = (
         "| case | tokens | routing | ours us | exllamav3 us | ours/exllamav3 | floor us (4 TB/s) | ours % of floor "
-        "| GB10 floor us (273 GB/s) | ours x132/48 SMs us | err ours | err exllamav3 |\n"
+        "| GB10 floor us (273 GB/s) | ours x SMs/48 us | err ours | err exllamav3 |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
