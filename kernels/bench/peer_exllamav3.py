@@ -22,7 +22,8 @@ classes, which build their kernel arguments the way a loaded exllamav3 model doe
 
 Loading (:func:`load`): a prebuilt ``exllamav3_ext*.so`` in ``.device/peer/`` (``peer_build.sh`` makes it,
 ``peer_unpack.sh`` puts it back there) is found first, as exllamav3's ``ext.py`` checks ``find_spec`` before it
-JIT-builds; else the JIT build (MAX_JOBS=16, TORCH_CUDA_ARCH_LIST=9.0 unless set; ~6 min on the H200).
+JIT-builds; else the JIT build (MAX_JOBS=16 and TORCH_CUDA_ARCH_LIST = the device's capability unless set,
+both only for the duration of the import; ~6 min on the H200).
 ``EXL3_EXPANDABLE_SEGMENTS=0`` is set before the import, so exllamav3 does not switch torch's caching allocator
 to expandable segments under our side of the bench.
 """
@@ -78,8 +79,23 @@ def load(prebuilt_dir: Path | str | None = None, *, allow_jit: bool = True) -> M
     if "error" in _loaded:
         raise PeerUnavailable(_loaded["error"])
     os.environ.setdefault("EXL3_EXPANDABLE_SEGMENTS", "0")
+    # build settings for exllamav3's JIT only: put back afterwards, so our own extension, if it JIT-builds later in
+    # the same process, still builds for what torch detects
+    saved = {name: os.environ.get(name) for name in ("MAX_JOBS", "TORCH_CUDA_ARCH_LIST")}
     os.environ.setdefault("MAX_JOBS", "16")
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    if torch.cuda.is_available():
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
+    try:
+        return _import(prebuilt_dir, allow_jit)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _import(prebuilt_dir: Path | str | None, allow_jit: bool) -> ModuleType:
     pdir = Path(prebuilt_dir) if prebuilt_dir is not None else PREBUILT_DIR
     so = _prebuilt(pdir)
     if so is None and not allow_jit:
