@@ -1541,12 +1541,18 @@ __device__ __forceinline__ int moe_expert(const int* ids, const int* lookup, int
   return e >= 0 && e < n_local ? e : -1;
 }
 
+// Blocks of 8 warps, two per SM (the GEMV's integer kernel has 16, one per SM): a MoE launch is many small GEMVs,
+// and the smaller blocks fill the SMs' last wave better and overlap one block's prologue with another's main loop
+// (GLM-like layer, one token: 40.5 us against 49.5 us with 16 warps; kernels/PERF.md, session 16).
+constexpr int kWarpsMoe = 8;
+constexpr int kMinBlocksMoe = 2;
+
 // Block (column chunk, split, z = slot * nproj + proj): the GEMV block of that slot's expert, found on the device, so
 // nothing about the routing reaches the host. Blocks of experts of another (k2, codebook) return at once (a
 // mixed-K layer: one launch per pair); each z has its own workspace, so the split-K hand-overs of different slots
 // never meet, and duplicate experts across slots are simply computed again.
 template <int K2, bool kActIn>
-__global__ void __launch_bounds__(kWarpsI8 * 32, kMinBlocksI8) moe_i8_kernel(const MoeArgs a) {
+__global__ void __launch_bounds__(kWarpsMoe * 32, kMinBlocksMoe) moe_i8_kernel(const MoeArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   grid_dependency_wait();  // the routing ids (and, for the down projection, its input) come from earlier kernels
   const int z = blockIdx.z;
@@ -1568,7 +1574,7 @@ __global__ void __launch_bounds__(kWarpsI8 * 32, kMinBlocksI8) moe_i8_kernel(con
   const int split = blockIdx.y;
   const int c0 = static_cast<int>(static_cast<long long>(split) * n_k / p.ksplit);
   const int c1 = static_cast<int>(static_cast<long long>(split + 1) * n_k / p.ksplit);
-  i8_segment<K2, 1, kWarpsI8, kActIn>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
+  i8_segment<K2, 1, kWarpsMoe, kActIn>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
 }
 
 template <int OUT>
@@ -1922,10 +1928,12 @@ int auto_ksplit(const Exl3GemvParams* p, const Plan& pl, const DeviceInfo& d, in
 
 // The plan of a call (what exl3_gemv_plan reports and exl3_gemv_launch runs: one computation for both) under
 // tuning t, for `batch` GEMVs of this shape in one launch (the MoE kernels; 1 otherwise).
-int plan_with(const Exl3GemvParams* p, const Exl3GemvTuning& t, int batch, Plan* pl) {
+int plan_with(const Exl3GemvParams* p, const Exl3GemvTuning& t, int batch, Plan* pl,
+              const KernelInfo* kernel = nullptr) {
   int st = check_shape(p->m, p->in_features, p->out_features, p->k2, p->codebook);
   if (st != EXL3_OK) return st;
-  if (!find_kernel(p->k2, p->codebook, p->m, t, &pl->k)) return EXL3_ERR_BITS;
+  if (kernel != nullptr) pl->k = *kernel;
+  else if (!find_kernel(p->k2, p->codebook, p->m, t, &pl->k)) return EXL3_ERR_BITS;
   DeviceInfo d;
   st = device_info(&d);
   if (st != EXL3_OK) return st;
@@ -1974,19 +1982,26 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
 }
 
 // The fused MoE's kernel for a rate: the one-row integer kernel's geometry (its plan), the MoE entry point.
-const void* moe_kernel(int k2, bool act_in) {
-#define EXL3_MOE(K2_) \
-  if (k2 == K2_) return act_in ? reinterpret_cast<const void*>(moe_i8_kernel<K2_, true>) : reinterpret_cast<const void*>(moe_i8_kernel<K2_, false>);
+// The fused MoE's kernel for a rate and its geometry (the one-row integer kernel's, in blocks of kWarpsMoe warps).
+bool moe_kernel(int k2, bool act_in, const void** fn, KernelInfo* info) {
+#define EXL3_MOE(K2_)                                                                                              \
+  if (k2 == K2_) {                                                                                                 \
+    if (fn)                                                                                                        \
+      *fn = act_in ? reinterpret_cast<const void*>(moe_i8_kernel<K2_, true>)                                      \
+                   : reinterpret_cast<const void*>(moe_i8_kernel<K2_, false>);                                    \
+    if (info) *info = KernelInfo{nullptr, ring_stages<K2_, kWarpsMoe>() * Rate<K2_>::kSlabBytes, 1, kWarpsMoe, false}; \
+    return true;                                                                                                   \
+  }
   EXL3_MOE(2) EXL3_MOE(3) EXL3_MOE(4) EXL3_MOE(5) EXL3_MOE(6) EXL3_MOE(7) EXL3_MOE(8)
   EXL3_MOE(10) EXL3_MOE(12) EXL3_MOE(14) EXL3_MOE(16)
 #undef EXL3_MOE
-  return nullptr;
+  return false;
 }
 
 int moe_check(int in_features, int out_features, int k2, int codebook) {
   const int st = check_shape(1, in_features, out_features, k2, codebook);
   if (st != EXL3_OK) return st;
-  return codebook == 2 && moe_kernel(k2, false) != nullptr ? EXL3_OK : EXL3_ERR_MOE_CODEBOOK;
+  return codebook == 2 && moe_kernel(k2, false, nullptr, nullptr) ? EXL3_OK : EXL3_ERR_MOE_CODEBOOK;
 }
 
 // The MoE launch's plan: the one-row integer GEMV's, whatever the tuning says about mul1 (the MoE has no fp16-kernel
@@ -2007,7 +2022,9 @@ int moe_plan(const Exl3MoeParams* p, Plan* pl) {
   t.i8_max_rows = kMaxRows;
   t.xprep_min_rows = 0;
   const int batch = p->slots * p->nproj > 0 ? p->slots * p->nproj : 1;
-  return plan_with(&q, t, batch, pl);
+  KernelInfo k;
+  moe_kernel(p->k2, p->act_in >= 0, nullptr, &k);
+  return plan_with(&q, t, batch, pl, &k);
 }
 
 }  // namespace exl3
@@ -2064,7 +2081,8 @@ extern "C" int exl3_moe_launch(const Exl3MoeParams* p, cudaStream_t stream) {
   a.x_stride = p->x_stride;
   a.sel = 4 * p->k2 + p->codebook;
   a.ws_ints = static_cast<int>(pl.workspace_ints);
-  const void* fn = moe_kernel(p->k2, p->act_in >= 0);
+  const void* fn = nullptr;
+  moe_kernel(p->k2, p->act_in >= 0, &fn, nullptr);
   Exl3GemvParams one{};  // the shape of each of the launch's GEMVs: one row
   one.m = 1;
   one.in_features = p->in_features;

@@ -37,7 +37,11 @@ def _experts(n: int, gated: bool, seed: int) -> list[ExpertWeights]:
 
 def _cuda(experts: list[ExpertWeights]) -> list[ExpertWeights]:
     def c(w: ShardWeights | None) -> ShardWeights | None:
-        return None if w is None else ShardWeights(w.trellis.cuda(), w.suh.cuda(), w.svh.cuda(), w.codebook, w.bits)
+        return (
+            None
+            if w is None
+            else ShardWeights(w.trellis.cuda(), w.suh.cuda(), w.svh.cuda(), w.codebook, w.bits)
+        )
 
     return [ExpertWeights(c(e.gate), c(e.up), c(e.down)) for e in experts]  # type: ignore[arg-type]
 
