@@ -32,6 +32,21 @@ if [[ "$base_state" != ready ]]; then
     unavailable "no local base image: $(cut -f2 "$CACHE/spark-base.status" 2>/dev/null || echo 'spark-base.sh recorded nothing')"
 fi
 
+prune_stale() { # sparkctl-built images on $BASE's earlier ids can never be reused (the base id is in their
+    # tag) and each holds a 10 GB wheel layer: they go (and the old base with them, once nothing uses it)
+    local want id tags
+    want="$(docker image inspect --format '{{.Id}}' "$BASE" 2>/dev/null)" || return 0
+    for id in $(docker images --quiet --no-trunc --filter label=io.sparkctl.inputs-hash \
+        --filter "label=io.sparkctl.base-image=$BASE" | sort -u); do
+        [[ "$(docker image inspect --format '{{ index .Config.Labels "io.sparkctl.base-id" }}' "$id")" == "$want" ]] && continue
+        read -ra tags <<<"$(docker image inspect --format '{{join .RepoTags " "}}' "$id")"
+        # by tag, never forced: an image a container still uses stays
+        if docker image rm "${tags[@]:-$id}" >/dev/null 2>&1; then
+            say "removed ${tags[*]:-$id} (built on an earlier $BASE)"
+        fi
+    done
+}
+
 start=$SECONDS
 out="$("${SPARKCTL[@]}" build --base "$BASE" --check 2>&1)"
 rc=$?
@@ -40,7 +55,10 @@ tag="${last%%: *}" # "<tag>: up to date" / "<tag>: not built yet (...)"
 case $rc in
 0)
     say "skipped: $out (checked in $((SECONDS - start))s)"
+    # the no-op build points the recipe's name back at this image (an earlier run may have moved it)
+    "${SPARKCTL[@]}" build --base "$BASE" >/dev/null 2>&1 || true
     record ready "$tag"
+    prune_stale
     exit 0
     ;;
 1) say "building: $out" ;;
@@ -52,3 +70,4 @@ esac
 "${SPARKCTL[@]}" build --base "$BASE" || broken "\`sparkctl build --base $BASE\` failed (above)"
 say "built $tag in $((SECONDS - start))s"
 record ready "$tag"
+prune_stale

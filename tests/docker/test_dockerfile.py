@@ -173,7 +173,9 @@ def test_the_engine_parses_it(docker_client, test_image, tmp_path, ins) -> None:
         dst = tmp_path / src
         dst.parent.mkdir(parents=True, exist_ok=True)
         if (REPO / src).is_dir():
-            shutil.copytree(REPO / src, dst, ignore=shutil.ignore_patterns("__pycache__", "build"))
+            shutil.copytree(
+                REPO / src, dst, ignore=shutil.ignore_patterns("__pycache__", "build"), dirs_exist_ok=True
+            )
         else:
             shutil.copy2(REPO / src, dst)
     (tmp_path / "docker").mkdir(exist_ok=True)

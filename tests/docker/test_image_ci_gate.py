@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from dockerkit import REPO, SETUP_CACHE
+
+from sparkctl.image.context import BASE_ID_LABEL, BASE_LABEL, HASH_LABEL, instructions
 
 SCRIPT = REPO / "scripts" / "image-ci.sh"
 SPARK_BASE = "sparkctl-base:bookworm-py311"
@@ -36,7 +39,11 @@ def run_gate(env: dict[str, str], *args: str, timeout: float = 120) -> subproces
 
 def check(root: Path, base: str) -> tuple[int, dict]:
     """`sparkctl build --check --json` as the checkout at `root` computes it."""
-    env = {**os.environ, "PYTHONPATH": f"{root}:{root / 'kernels'}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{root}:{root / 'kernels'}",
+        "SPARKCTL_RECIPES_DIR": str(REPO / "recipes"),
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "sparkctl", "build", "--base", base, "--check", "--json"],
         capture_output=True,
@@ -47,6 +54,36 @@ def check(root: Path, base: str) -> tuple[int, dict]:
     )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return proc.returncode, json.loads(proc.stdout)
+
+
+def copy_checkout(dest: Path, base: str) -> Path:
+    """The image's inputs (the build context after the ignore file), the gate's scripts and the files the
+    context leaves out, copied: a checkout that hashes like the repository."""
+    from sparkctl.image.spark import IGNORE_FILE, spark_spec
+
+    spec, _ = spark_spec(None, base=base)
+    extra = [IGNORE_FILE, "README.md", "Makefile", "kernels/README.md"]
+    extra += [str(p.relative_to(REPO)) for p in (REPO / "scripts").rglob("*.sh")]
+    for rel in [*spec.files(), *extra]:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+    return dest
+
+
+def built_tag() -> str:
+    """The tag `make image-ci` built (or found) for this tree; skips where it did not run or could not, or
+    where the tree has changed since (so no test here ever starts the cold build)."""
+    try:
+        state, _, detail = (SETUP_CACHE / "image-ci.status").read_text().strip().partition("\t")
+    except OSError:
+        pytest.skip("`make image-ci` (part of `make test`) has not run on this machine")
+    if state != "ready":
+        pytest.skip(f"`make image-ci` could not build here: {detail}")
+    rc, now = check(REPO, SPARK_BASE)
+    if rc == 1 and now["tag"] != detail:
+        pytest.skip(f"the tree changed since `make image-ci` built {detail} (it would build {now['tag']})")
+    assert rc == 0 and now["tag"] == detail, now
+    return detail
 
 
 def test_make_test_builds_the_image_before_the_tests(tmp_path) -> None:
@@ -91,14 +128,7 @@ def test_the_tag_follows_the_image_inputs_only(docker_client, test_image, tmp_pa
     """A copy of the checkout computes the same tag as the repository; editing the README, the Makefile or
     a kernel doc keeps it (no rebuild), editing a kernel source or sparkctl changes it and `--check` says
     `not built` (exit 1): that is what makes a fresh clone without the image build it."""
-    from sparkctl.image.spark import spark_spec
-
-    spec, _ = spark_spec(None, base=test_image)
-    copy = tmp_path / "checkout"
-    for rel in [*spec.files(), "README.md", "Makefile", "kernels/README.md"]:
-        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, copy / rel)
-
+    copy = copy_checkout(tmp_path / "checkout", test_image)
     rc, here = check(REPO, test_image)
     rc_copy, there = check(copy, test_image)
     assert (rc_copy, there["tag"]) == (rc, here["tag"])
@@ -119,23 +149,81 @@ def test_the_tag_follows_the_image_inputs_only(docker_client, test_image, tmp_pa
 
 
 @pytest.mark.docker
-def test_an_unchanged_tree_skips_in_seconds(docker_client) -> None:
+def test_an_unchanged_tree_skips_in_seconds(docker_client, test_image, tmp_path) -> None:
     """After `make test`'s image-ci step, the gate run again finds the image for this tree and builds
-    nothing: the tests that ran in between changed no input (no file written into the build context)."""
-    status = SETUP_CACHE / "image-ci.status"
+    nothing: the tests that ran in between changed no input (no file written into the build context).
+    It also removes the images built on an earlier id of the base (never reusable: the id is in their
+    tag), here a labelled copy of the test image standing for a stale 10 GB build."""
+    detail = built_tag()
+    stale = "sparkctl-imagetest/stale:gate"
+    (tmp_path / "Dockerfile").write_text(f"FROM {test_image}\n")
+    labels = {HASH_LABEL: "stale", BASE_LABEL: SPARK_BASE, BASE_ID_LABEL: "sha256:" + "0" * 64}
+    for _ in docker_client.api.build(path=str(tmp_path), tag=stale, labels=labels, decode=True, rm=True):
+        pass
     try:
-        state, _, detail = status.read_text().strip().partition("\t")
-    except OSError:
-        pytest.skip("`make image-ci` (part of `make test`) has not run on this machine")
-    if state != "ready":
-        pytest.skip(f"`make image-ci` could not build here: {detail}")
-    rc, now = check(REPO, SPARK_BASE)
-    if rc == 1 and now["tag"] != detail:
-        pytest.skip(f"the tree changed since `make image-ci` built {detail} (it would build {now['tag']})")
-    assert rc == 0 and now["tag"] == detail, now
-    start = time.monotonic()
-    proc = run_gate({"SPARKCTL": f"{sys.executable} -m sparkctl", "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"})
-    took = time.monotonic() - start
-    assert proc.returncode == 0, proc.stderr
-    assert f"image-ci: skipped: {detail}: up to date" in proc.stderr
-    assert took < 60, f"the skip took {took:.0f}s"
+        start = time.monotonic()
+        proc = run_gate(
+            {"SPARKCTL": f"{sys.executable} -m sparkctl", "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"}
+        )
+        took = time.monotonic() - start
+        assert proc.returncode == 0, proc.stderr
+        assert f"image-ci: skipped: {detail}: up to date" in proc.stderr
+        assert took < 60, f"the skip took {took:.0f}s"
+        assert f"image-ci: removed {stale} (built on an earlier {SPARK_BASE})" in proc.stderr
+        assert not docker_client.api.images(name=stale)
+        assert docker_client.api.images(name=test_image)
+    finally:
+        if docker_client.api.images(name=stale):
+            docker_client.api.remove_image(stale, force=True)
+
+
+@pytest.mark.docker
+def test_a_python_edit_builds_only_the_last_layer(docker_client, tmp_path) -> None:
+    """The build half of the gate, for real: a checkout whose sparkctl differs from the image's has no
+    image, so the gate builds, and only the last layer (sparkctl + the smoke test) runs: the wheel and
+    kernel layers come from the cache. Seconds, on the layers `make image-ci` left."""
+    here = built_tag()
+    copy = copy_checkout(tmp_path / "checkout", SPARK_BASE)
+    with open(copy / "sparkctl" / "pins.py", "a") as f:
+        f.write("\n# an edit of sparkctl's Python\n")
+    rc, edited = check(copy, SPARK_BASE)
+    assert rc == 1, edited
+    env = {
+        "SPARKCTL": f"{sys.executable} -m sparkctl",
+        "PYTHONPATH": f"{copy}:{copy / 'kernels'}",
+        "SPARKCTL_RECIPES_DIR": str(REPO / "recipes"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # its status must not replace make test's
+    }
+    try:
+        proc = subprocess.run(
+            ["bash", str(copy / "scripts" / "image-ci.sh")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **env},
+            cwd=copy,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"image-ci: building: {edited['tag']}: not built yet" in proc.stderr
+        assert f"image-ci: built {edited['tag']}" in proc.stderr
+        ins = instructions((REPO / "docker" / "Dockerfile").read_text())
+        runs = {n: i.text for n, i in enumerate(ins, 1) if i.text.startswith("RUN ")}
+        wheels = next(n for n, text in runs.items() if "docker/ensure_deps.py" in text)
+        kernel = next(n for n, text in runs.items() if "kernels/build_kernels.py" in text)
+        took = dict(re.findall(r"^✓ step\s+(\d+)/\d+ (cached|[\d.]+s) ", proc.stderr, re.M))
+        assert took[str(wheels)] == "cached" and took[str(kernel)] == "cached", took
+        assert took[str(max(runs))] != "cached"  # sparkctl + the smoke test did run
+        assert docker_client.api.inspect_image(edited["tag"])["Config"]["Labels"][HASH_LABEL]
+    finally:  # the recipe's name back on the image of this tree, then the edited one removed
+        subprocess.run(
+            [sys.executable, "-m", "sparkctl", "build", "--base", SPARK_BASE],
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"},
+        )
+        if docker_client.api.images(name=edited["tag"]):
+            docker_client.api.remove_image(edited["tag"])
+    assert (
+        docker_client.api.inspect_image("sparkctl/vllm-exl3:0.33.0-sm121")["Id"]
+        == (docker_client.api.inspect_image(here)["Id"])
+    )
