@@ -291,3 +291,22 @@ def test_a_kernel_or_python_edit_reuses_the_wheel_layer(ins) -> None:
         n for n, (_, word, r) in enumerate(ins) if word == "ARG" and r.startswith("SPARKCTL_REVISION")
     )
     assert revision > runs[-1], "SPARKCTL_REVISION above a RUN would rebuild it on every commit"
+
+
+def test_the_kernel_layer_has_every_module_its_build_imports(ins) -> None:
+    """The kernel layer copies only the package's __init__ and cuda.py (so plugin edits reuse it): the
+    build they run (`python -m sparkctl_exl3.cuda build`) must import nothing else of the package at
+    module level, or the image build would fail there with an ImportError."""
+    import ast
+
+    copied = " ".join(copy_sources([i for i in ins if i[1] == "COPY"]))
+    assert "kernels/sparkctl_exl3/__init__.py kernels/sparkctl_exl3/cuda.py" in copied
+    for name in ("__init__.py", "cuda.py"):
+        tree = ast.parse((REPO / "kernels" / "sparkctl_exl3" / name).read_text())
+        for node in tree.body:  # module level only: the functions' lazy imports run at serve time
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0 and not (node.module or "").startswith("sparkctl_exl3"), (
+                    f"kernels/sparkctl_exl3/{name} imports {node.module or '.'} at module level"
+                )
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("sparkctl_exl3") for a in node.names), name
