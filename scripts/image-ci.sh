@@ -54,14 +54,14 @@ last="${out##*$'\n'}"
 tag="${last%%: *}" # "<tag>: up to date" / "<tag>: not built yet (...)"
 case $rc in
 0)
-    say "skipped: $out (checked in $((SECONDS - start))s)"
+    say "skipped: $last (checked in $((SECONDS - start))s)"
     # the no-op build points the recipe's name back at this image (an earlier run may have moved it)
     "${SPARKCTL[@]}" build --base "$BASE" >/dev/null 2>&1 || true
     record ready "$tag"
     prune_stale
     exit 0
     ;;
-1) say "building: $out" ;;
+1) say "building: $last" ;;
 *)
     echo "$out" >&2
     broken "\`sparkctl build --base $BASE --check\` failed (exit $rc)"
