@@ -592,6 +592,70 @@ def sweep_ours(
     return out
 
 
+def shared_expert_case(args: argparse.Namespace, ours: Ours, log: Callable[[str], None]) -> list[dict]:
+    """--shared (issue 23): a GLM-like layer's shared expert as one more fused slot (weight 1) against the same
+    expert as a dense MLP through the GEMV op (what vLLM runs for it beside our routed experts)."""
+    import torch.nn.functional as F
+    from sparkctl_exl3 import ops
+
+    dev = torch.device("cuda")
+    shape = GLM
+    experts = random_experts(
+        shape.experts + 1,
+        shape.hidden,
+        shape.inter,
+        shape.bits,
+        shape.codebook,
+        seed=args.seed + 17,
+        device=dev,
+    )
+    shared = experts[-1]
+    routed = ours.prepare(experts[:-1])
+    with_shared = ours.prepare(experts)
+    gen = torch.Generator(device=dev).manual_seed(args.seed + 19)
+    out = []
+    for tokens in (1, 4, 8):
+        sets, sets9 = [], []
+        for _ in range(args.sets):
+            ids, w = random_routing(tokens, shape.top_k, shape.experts, "random", gen, dev)
+            x = torch.randn(tokens, shape.hidden, generator=gen, device=dev).half()
+            sets.append((x, ids, w))
+            ids9 = torch.cat([ids, torch.full((tokens, 1), shape.experts, dtype=ids.dtype, device=dev)], 1)
+            w9 = torch.cat([w, torch.ones(tokens, 1, dtype=w.dtype, device=dev)], 1)
+            sets9.append((x, ids9, w9))
+
+        def mlp(x: torch.Tensor) -> torch.Tensor:
+            g = ops.exl3_matmul(x, *shared["gate"])
+            u = ops.exl3_matmul(x, *shared["up"])
+            return ops.exl3_matmul((F.silu(g.float()) * u.float()).half(), *shared["down"])
+
+        x0, ids0, w0 = sets[0]
+        _, ids9, w9 = sets9[0]
+        both = ours.call(x0, ids9, w9, with_shared).float()
+        ref = ours.call(x0, ids0, w0, routed).float() + mlp(x0).float()
+        err = float((both - ref).norm() / ref.norm())
+        t8, _ = time_side(
+            lambda i, s=sets: partial(ours.call, *s[i], routed), args.sets, args.calls, args.reps, True
+        )
+        t9, _ = time_side(
+            lambda i, s=sets9: partial(ours.call, *s[i], with_shared), args.sets, args.calls, args.reps, True
+        )
+        tm, _ = time_side(lambda i, s=sets: partial(mlp, s[i][0]), args.sets, args.calls, args.reps, True)
+        row = {
+            "tokens": tokens,
+            "routed_us": t8,
+            "routed_plus_shared_slot_us": t9,
+            "dense_mlp_us": tm,
+            "err": err,
+        }
+        out.append(row)
+        log(
+            f"  shared expert T={tokens}: as a fused slot +{t9 - t8:.2f} us ({t8:.2f} -> {t9:.2f}), as a dense MLP "
+            f"through the GEMV {tm:.2f} us (separate launches; sum check rel err {err:.2g})"
+        )
+    return out
+
+
 def bench_shape(
     shape: Shape,
     timed: Sequence[tuple[int, str]],
@@ -753,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--cases", default="glm,qwen,prefill", help="timed cases: glm,qwen,prefill")
     p.add_argument(
+        "--shared", action="store_true", help="GLM-like shared expert: a fused slot vs a dense MLP"
+    )
+    p.add_argument(
         "--sweep", action="store_true", help="tuning experiment: time our decode cases per block size/split"
     )
     args = p.parse_args(argv)
@@ -815,6 +882,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
             report["times"] = [asdict(t) for t in rows]
             report["checks"] = [asdict(c) | {"ok": c.ok} for c in chk.results]
+            save()
+        if args.shared and ours.ok:
+            report["shared_expert"] = shared_expert_case(args, ours, log)
             save()
         log("\n" + table(rows))
     ours_fail = [c for c in chk.results if c.who == "ours" and not c.ok]

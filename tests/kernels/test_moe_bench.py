@@ -179,6 +179,9 @@ class _FakeKernel:
     def __init__(self, mb, broken: bool) -> None:
         self.mb, self.broken = mb, broken
 
+    def moe_supports(self, experts):
+        return all(e["gate"][3] == "mul1" for e in experts)
+
     def moe_prepare(self, experts, expert_ids=None):
         return list(experts)
 
@@ -200,3 +203,14 @@ def test_checker_passes_a_right_kernel_and_fails_a_wrong_one(mb, broken: bool) -
     assert [c.who for c in chk.results] == ["ours", "ours"]
     assert all(c.ok for c in chk.results) is not broken
     assert all(("FAIL" in line) is broken for line in lines)
+
+
+def test_checker_says_n_a_for_layers_the_fused_moe_does_not_take(mb) -> None:
+    ours = mb.Ours.__new__(mb.Ours)
+    ours.reason, ours.cuda = None, _FakeKernel(mb, False)
+    lines: list[str] = []
+    chk = mb.Checker(ours, mb.Peer(False), lines.append)
+    experts = mb.random_experts(4, 128, 128, 2.0, "mcg", seed=9, device="cpu")
+    chk.layer("tiny", experts, 2, [(3, "dup")], torch.Generator().manual_seed(4))
+    assert chk.results == []  # not run, and not a failure
+    assert any("n/a" in line for line in lines)
