@@ -1,0 +1,445 @@
+// EXL3 weight reconstruction: W = diag(suh) . H128 . W_hat . H128 . diag(svh) (SPEC 4) into dense fp16 [I, O],
+// for the prefill path (reconstruct, then cuBLAS fp16 GEMM; kernels/PERF.md says why that design).
+//
+// Written for sm_121 (GB10) and checked on sm_90: mma.sync m16n8k16 and cp.async only; no wgmma/TMA, no
+// cooperative launch, no grid barrier, no atomics. Plain CUDA behind a C ABI (exl3_recon.h).
+//
+// The Hadamards are block-diagonal, so each 128x128 block of W depends only on the matching block of W_hat and the
+// 128-slices of suh and svh. One thread block (8 warps) reconstructs one 128x128 block at a time, looping over
+// the blocks of all layers of the launch with the next block's trellis prefetched by cp.async:
+// * Stage 1 (H128 from the left, over k). With k = 16a + b, H128 = H8 (x) H16 (SPEC 4's natural Sylvester order).
+//   Warp w owns column tile w (16 columns) and the 8 row tiles a of the block. SPEC 3's trellis order is the mma
+//   B-fragment order, so each lane decodes its own 8 positions of tile (a, w) straight into the two B fragments of
+//   an m16n8k16 (decoded to fp16 exactly as SPEC 2.3: one fp16 add for 3INST/MCG, one fused fp16 FMA for mul1, so
+//   W_hat is bit-exact), and multiplies them by the constant A = H16 (+-1, exact): H16 over b on the tensor cores,
+//   fp32 accumulation. H8 over a is a 3-stage butterfly across the lane's 8 accumulator sets (registers only).
+// * Stage 2 (H128 from the right, over n = 16c + d). The stage-1 C fragments of a 16-row slab are, as they stand,
+//   the A fragment of the next mma (the FlashAttention trick), split into fp16 hi + lo parts so the fp32 value goes
+//   through unrounded (~2^-22 relative); B = H16 again: H16 over d. H8 over c crosses warps (c is the warp), so the
+//   results go through shared memory, 32 rows at a time, where each thread takes one (row, column pair), runs the
+//   8-point butterfly over c, scales by suh * svh / 128 and rounds to fp16 once.
+// The only roundings are fp32 accumulation and the final fp16: W agrees with reference.weight (fp32 throughout)
+// to the last fp16 bit except where the two fp32 orders land on opposite sides of a rounding boundary.
+
+#include "exl3_recon.h"
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+// float2 + and - for the read phase's butterfly (two columns at once).
+__device__ __forceinline__ float2 operator+(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float2 operator-(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
+
+namespace exl3_recon {
+
+constexpr int kThreads = 256;    // 8 warps: warp w owns column tile w of the block in stage 1
+constexpr int kMinBlocks = 2;    // register budget: 65536 / (256 * 2) = 128 per thread
+constexpr int kMaxLayers = 32;   // layers per launch, passed by value (32 x 32 bytes of kernel arguments)
+constexpr int kRoundRows = 32;   // rows of a block exchanged through shared memory at a time (two 16-row slabs)
+// floats per exchange row: 144 = 16 mod 32, so a half-warp's float2 reads of two rows hit 32 distinct banks, and the
+// stage-2 stores are conflict-free with the n-half swap of store_exchange.
+constexpr int kXStride = 144;
+constexpr float kInv128 = 1.0f / 128.0f;  // the two 1/sqrt(128) of SPEC 4, exact
+
+struct Layer {
+  const uint8_t* trellis;
+  const __half* suh;
+  const __half* svh;
+  __half* w;
+};
+
+struct Args {
+  Layer layer[kMaxLayers];
+  long long ldw;  // row stride of every w (elements)
+  int tiles_n;    // O/16: the trellis' tiles per tile row
+  int kblocks;    // I/128
+  int nblocks;    // cols/128: the column blocks written
+  int nblock0;    // col0/128
+  int items;      // n_layers * kblocks * nblocks
+};
+
+// Geometry of one rate. K2 = twice the bits per weight (half-integer rates: odd positions carry the extra bit).
+template <int K2>
+struct Rate {
+  __host__ __device__ static constexpr int width(int j) { return (K2 & 1) ? (K2 / 2 + (j & 1)) : K2 / 2; }
+  // Ring bit just past position e of a lane's 8 positions, relative to the lane's first bit (4*K2*lane).
+  __host__ __device__ static constexpr int end(int e) {
+    int s = 0;
+    for (int i = 0; i <= e; ++i) s += width(i);
+    return s;
+  }
+  static constexpr int kRingBits = 128 * K2;             // 256 * K
+  static constexpr int kTileWords = 4 * K2;              // 32-bit words per 16x16 tile
+  static constexpr int kTileBytes = 16 * K2;
+  static constexpr int kBlockBytes = 64 * kTileBytes;    // the 8 x 8 tiles of a 128 x 128 block
+  static constexpr int kBlockUnits = kBlockBytes / 16;   // 16-byte cp.async units
+  static constexpr int kRowUnits = 8 * kTileBytes / 16;  // units per tile row of the block (contiguous in memory)
+};
+
+template <int K2>
+__host__ __device__ constexpr int smem_bytes() {
+  return 2 * Rate<K2>::kBlockBytes + kRoundRows * kXStride * 4;
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ __forceinline__ __half2 u32_as_h2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two states to their fp16 values (SPEC 2.3), as one half2 (s0 in the low half).
+template <int CB>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
+  if constexpr (CB == 2) {
+    // mul1: DP4A gives the fp16 bits of 1024 + byte sum; then ONE fused fp16 FMA (a separate multiply and add
+    // would round twice and differ for 822 of the 1021 sums).
+    const uint32_t h0 = __dp4a(s0 * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    const uint32_t h1 = __dp4a(s1 * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    const __half2 k_inv = u32_as_h2(0x1EEE1EEEu), k_bias = u32_as_h2(0xC931C931u);
+    return h2_as_u32(__hfma2(u32_as_h2(__byte_perm(h0, h1, 0x5410)), k_inv, k_bias));
+  } else {
+    // 3INST / MCG: hash, mask and flip to two fp16 halves, then ONE fp16 add of the halves.
+    uint32_t x0 = CB == 0 ? s0 * 89226354u + 64248484u : s0 * 0xCBAC1FEDu;
+    uint32_t x1 = CB == 0 ? s1 * 89226354u + 64248484u : s1 * 0xCBAC1FEDu;
+    x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    const __half2 lo = u32_as_h2(__byte_perm(x0, x1, 0x5410)), hi = u32_as_h2(__byte_perm(x0, x1, 0x7632));
+    return h2_as_u32(__hadd2(lo, hi));
+  }
+}
+
+// (H16[r][k], H16[r][k+1]) as a half2 of +-1 (natural Sylvester order, unnormalised).
+__device__ __forceinline__ uint32_t h16_pair(int r, int k) {
+  const uint32_t lo = (__popc(r & k) & 1) ? 0xBC00u : 0x3C00u;
+  const uint32_t hi = (__popc(r & (k + 1)) & 1) ? 0xBC00u : 0x3C00u;
+  return lo | (hi << 16);
+}
+
+// fp32 pair -> fp16 hi part and the fp16 rest, so that hi + lo carries ~22 bits of the pair through an fp16 mma.
+__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x, y);
+  const float2 hf = __half22float2(h);
+  hi = h2_as_u32(h);
+  lo = h2_as_u32(__floats2half2_rn(x - hf.x, y - hf.y));
+}
+
+// In-place 8-point natural-order Walsh-Hadamard butterfly (unnormalised) over v[0..7].
+template <typename T>
+__device__ __forceinline__ void fwht8(T (&v)[8]) {
+#pragma unroll
+  for (int s = 1; s < 8; s <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (i & s) continue;
+      const T x = v[i], y = v[i + s];
+      v[i] = x + y;
+      v[i + s] = x - y;
+    }
+  }
+}
+
+struct Item {
+  int layer, kb, nb;
+};
+__device__ __forceinline__ Item item_of(const Args& p, int item) {
+  const int per_layer = p.kblocks * p.nblocks;
+  Item it;
+  it.layer = item / per_layer;
+  const int rem = item - it.layer * per_layer;
+  it.kb = rem / p.nblocks;
+  it.nb = rem - it.kb * p.nblocks;
+  return it;
+}
+
+// Requests the trellis of one 128x128 block (8 tile rows of 8 contiguous tiles) into shared memory, tile (a, w) at
+// byte (8a + w) * kTileBytes, as one cp.async group.
+template <int K2>
+__device__ __forceinline__ void load_block(const Args& p, int item, uint32_t smem_dst) {
+  using R = Rate<K2>;
+  const Item it = item_of(p, item);
+  const size_t row_bytes = static_cast<size_t>(p.tiles_n) * R::kTileBytes;
+  const uint8_t* base = p.layer[it.layer].trellis + static_cast<size_t>(it.kb) * 8 * row_bytes +
+                        static_cast<size_t>(p.nblock0 + it.nb) * 8 * R::kTileBytes;
+  for (int u = threadIdx.x; u < R::kBlockUnits; u += kThreads) {
+    const int a = u / R::kRowUnits, r = u - a * R::kRowUnits;
+    cp_async16(smem_dst + u * 16, base + a * row_bytes + r * 16);
+  }
+  cp_async_commit();
+}
+
+template <int K2, int CB>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __grid_constant__ Args p) {
+  using R = Rate<K2>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  float* xbuf = reinterpret_cast<float*>(smem + 2 * R::kBlockBytes);
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+
+  // H16 as the stage-1 A fragment (rows g, g+8; columns 2c.., 2c+8..) and, by symmetry, the stage-2 B fragments
+  // (n-half 0: ha[0], ha[2]; n-half 1: ha[1], ha[3]).
+  const uint32_t ha[4] = {h16_pair(g, 2 * c), h16_pair(g + 8, 2 * c), h16_pair(g, 2 * c + 8),
+                          h16_pair(g + 8, 2 * c + 8)};
+  const uint32_t hn[4] = {ha[0] ^ 0x80008000u, ha[1] ^ 0x80008000u, ha[2] ^ 0x80008000u, ha[3] ^ 0x80008000u};
+  // The read phase's item: one row of a round, one column pair of every column tile.
+  const int xrow = tid >> 3, xcol = (tid & 7) * 2;
+
+  int item = blockIdx.x;
+  if (item >= p.items) return;
+  load_block<K2>(p, item, smem_base);
+  int stage = 0;
+  for (; item < p.items; item += gridDim.x) {
+    const int next = item + gridDim.x;
+    if (next < p.items) load_block<K2>(p, next, smem_base + (stage ^ 1) * R::kBlockBytes);
+    else cp_async_commit();  // an empty group keeps the wait count uniform
+    const Item it = item_of(p, item);
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // ---- decode the 8 tiles (a, warp) into mma B fragments (held for the whole block: 32 registers) ----
+    uint32_t bf[8][4];
+    const uint32_t* tiles = reinterpret_cast<const uint32_t*>(smem + stage * R::kBlockBytes);
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+      const uint32_t* wds = tiles + (a * 8 + warp) * R::kTileWords;
+      uint32_t st[8];
+      const int pl = 4 * K2 * lane - 16 + R::kRingBits;  // the lane's ring bits, + R so the first windows wrap
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        int pos = pl + R::end(e);
+        pos = pos >= R::kRingBits ? pos - R::kRingBits : pos;
+        const int q = pos >> 5, r = pos & 31;
+        const uint32_t hi = wds[q], lo = wds[q + 1 >= R::kTileWords ? q + 1 - R::kTileWords : q + 1];
+        st[e] = __funnelshift_l(lo, hi, r) >> 16;  // ring bits pos .. pos+15, MSB first (SPEC 2.1, 2.2)
+      }
+      // SPEC 3: e = 0,1 | 2,3 are rows r0, r0+1 | r0+8, r0+9 of column g (n-half 0); e = 4..7 the same of g + 8.
+      bf[a][0] = decode_pair<CB>(st[0], st[1]);
+      bf[a][1] = decode_pair<CB>(st[2], st[3]);
+      bf[a][2] = decode_pair<CB>(st[4], st[5]);
+      bf[a][3] = decode_pair<CB>(st[6], st[7]);
+    }
+
+    // ---- per round, slabs a' = 2*round and 2*round + 1 (rows 32*round ..): ----
+#pragma unroll 1
+    for (int round = 0; round < 8 / 2; ++round) {
+      // Stage 1: T[a'] = sum_a H8[a'][a] (H16 . tile a), with H8's sign folded into the A operand (-H16). The two
+      // slabs differ only in bit 0 of a', so the even and odd a are summed apart (E, O) and T = E + O, E - O.
+      float eo[2][2][4];
+#pragma unroll
+      for (int par = 0; par < 2; ++par) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) eo[par][h][i] = 0.0f;
+#pragma unroll
+          for (int a = par; a < 8; a += 2) {
+            const bool neg = __popc((2 * round) & a) & 1;
+            uint32_t af[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) af[i] = neg ? hn[i] : ha[i];
+            mma_16816(eo[par][h], af, bf[a][2 * h], bf[a][2 * h + 1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        float t[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) t[h][i] = s ? eo[0][h][i] - eo[1][h][i] : eo[0][h][i] + eo[1][h][i];
+        }
+        // Stage 2: the slab's C fragments are the A fragment of T . H16 (split into fp16 hi + lo).
+        uint32_t ahi[4], alo[4];
+        split_pair(t[0][0], t[0][1], ahi[0], alo[0]);
+        split_pair(t[0][2], t[0][3], ahi[1], alo[1]);
+        split_pair(t[1][0], t[1][1], ahi[2], alo[2]);
+        split_pair(t[1][2], t[1][3], ahi[3], alo[3]);
+        float u[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) u[h][i] = 0.0f;
+          mma_16816(u[h], ahi, ha[h], ha[h + 2]);
+          mma_16816(u[h], alo, ha[h], ha[h + 2]);
+        }
+        // Rows 16s + g and 16s + g + 8, columns 16*warp + 8h + 2c. Lanes with g >= 2 store the other n-half first:
+        // a half-warp's 64-bit stores then cover all 32 banks.
+        const int swap = (g >> 1) & 1;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int h = j ^ swap;
+          const float2 top = make_float2(h ? u[1][0] : u[0][0], h ? u[1][1] : u[0][1]);
+          const float2 bot = make_float2(h ? u[1][2] : u[0][2], h ? u[1][3] : u[0][3]);
+          float* at = xbuf + (16 * s + g) * kXStride + 16 * warp + 8 * h + 2 * c;
+          *reinterpret_cast<float2*>(at) = top;
+          *reinterpret_cast<float2*>(at + 8 * kXStride) = bot;
+        }
+      }
+      __syncthreads();
+      float2 v[8];
+#pragma unroll
+      for (int w = 0; w < 8; ++w) v[w] = *reinterpret_cast<const float2*>(xbuf + xrow * kXStride + 16 * w + xcol);
+      fwht8(v);
+      const int k = it.kb * 128 + kRoundRows * round + xrow;
+      // the layer's pointers are read here, where they are used (held across stage 1 they made ptxas spill)
+      const Layer& L = p.layer[it.layer];
+      const float scale = __half2float(L.suh[k]) * kInv128;
+      __half* out = L.w + static_cast<long long>(k) * p.ldw + it.nb * 128 + xcol;
+      // svh of this thread's columns: the same 8 words every round (L1 hits after the first; held in registers
+      // across stage 1 they made ptxas spill)
+      const __half* svh = L.svh + (p.nblock0 + it.nb) * 128 + xcol;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(svh + 16 * w));
+        const __half2 r = __floats2half2_rn(v[w].x * scale * s2.x, v[w].y * scale * s2.y);
+        *reinterpret_cast<__half2*>(out + 16 * w) = r;
+      }
+      __syncthreads();
+    }
+    stage ^= 1;
+  }
+}
+
+
+thread_local char g_error[256];
+
+int fail_cuda(cudaError_t e, const char* what) {
+  snprintf(g_error, sizeof(g_error), "EXL3 reconstruct: %s failed: %s", what, cudaGetErrorString(e));
+  return EXL3_ERR_CUDA;
+}
+
+typedef void (*KernelFn)(Args);
+
+template <int K2, int CB>
+KernelFn kernel_for() {
+  return recon_kernel<K2, CB>;
+}
+
+// The compiled instances: exactly the rates and codebooks of the shape rule (exl3_gemv_supports).
+bool select(int k2, int cb, KernelFn* fn, int* smem) {
+#define EXL3R_CASE(K2, CB)        \
+  if (k2 == K2 && cb == CB) {     \
+    *fn = kernel_for<K2, CB>();   \
+    *smem = smem_bytes<K2>();     \
+    return true;                  \
+  }
+#define EXL3R_CASES_INT(K2) EXL3R_CASE(K2, 0) EXL3R_CASE(K2, 1) EXL3R_CASE(K2, 2)
+  EXL3R_CASES_INT(2)
+  EXL3R_CASES_INT(4)
+  EXL3R_CASES_INT(6)
+  EXL3R_CASES_INT(8)
+  EXL3R_CASES_INT(10)
+  EXL3R_CASES_INT(12)
+  EXL3R_CASES_INT(14)
+  EXL3R_CASES_INT(16)
+  EXL3R_CASE(3, 2)
+  EXL3R_CASE(5, 2)
+  EXL3R_CASE(7, 2)
+#undef EXL3R_CASES_INT
+#undef EXL3R_CASE
+  return false;
+}
+
+}  // namespace exl3_recon
+
+extern "C" int exl3_recon_supports(int in_features, int out_features, int k2, int codebook) {
+  return exl3_gemv_supports(1, in_features, out_features, k2, codebook);
+}
+
+extern "C" int exl3_recon_launch(const Exl3ReconParams* p, cudaStream_t stream) {
+  using namespace exl3_recon;
+  if (p == nullptr || p->layers == nullptr || p->n_layers < 1) return EXL3_RECON_ERR_COLUMNS;
+  const int st = exl3_recon_supports(p->in_features, p->out_features, p->k2, p->codebook);
+  if (st != EXL3_OK) return st;
+  if (p->col0 < 0 || p->cols <= 0 || p->col0 % 128 || p->cols % 128 || p->col0 + p->cols > p->out_features ||
+      p->ldw < p->cols || p->ldw % 2)
+    return EXL3_RECON_ERR_COLUMNS;
+  for (int i = 0; i < p->n_layers; ++i) {
+    const Exl3ReconLayer& l = p->layers[i];
+    if (l.trellis == nullptr || l.suh == nullptr || l.svh == nullptr || l.w == nullptr ||
+        reinterpret_cast<uintptr_t>(l.trellis) % 16 || reinterpret_cast<uintptr_t>(l.svh) % 4 ||
+        reinterpret_cast<uintptr_t>(l.w) % 4)
+      return EXL3_ERR_ALIGN;
+  }
+  KernelFn fn = nullptr;
+  int smem = 0;
+  if (!select(p->k2, p->codebook, &fn, &smem)) return EXL3_ERR_BITS;
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
+  const void* f = reinterpret_cast<const void*>(fn);
+  e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, kThreads, smem);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  if (per_sm < 1) per_sm = 1;
+  const int kblocks = p->in_features / 128, nblocks = p->cols / 128;
+  for (int first = 0; first < p->n_layers; first += kMaxLayers) {
+    const int n = p->n_layers - first < kMaxLayers ? p->n_layers - first : kMaxLayers;
+    Args a{};
+    for (int i = 0; i < n; ++i) {
+      const Exl3ReconLayer& l = p->layers[first + i];
+      a.layer[i].trellis = static_cast<const uint8_t*>(l.trellis);
+      a.layer[i].suh = static_cast<const __half*>(l.suh);
+      a.layer[i].svh = static_cast<const __half*>(l.svh);
+      a.layer[i].w = static_cast<__half*>(l.w);
+    }
+    a.ldw = p->ldw;
+    a.tiles_n = p->out_features / 16;
+    a.kblocks = kblocks;
+    a.nblocks = nblocks;
+    a.nblock0 = p->col0 / 128;
+    const long long items = static_cast<long long>(n) * kblocks * nblocks;
+    if (items > 0x7FFFFFFFLL) return EXL3_RECON_ERR_COLUMNS;
+    a.items = static_cast<int>(items);
+    const long long resident = static_cast<long long>(sms) * per_sm;
+    const int grid = static_cast<int>(items < resident ? items : resident);
+    void* args[] = {&a};
+    e = cudaLaunchKernel(f, dim3(grid), dim3(kThreads), args, static_cast<size_t>(smem), stream);
+    if (e != cudaSuccess) return fail_cuda(e, "kernel launch");
+  }
+  return EXL3_OK;
+}
+
+extern "C" const char* exl3_recon_error_string(int status) {
+  switch (status) {
+    case EXL3_OK: return "ok";
+    case EXL3_ERR_SHAPE: return "EXL3 reconstruct needs in_features and out_features to be positive multiples of 128";
+    case EXL3_ERR_BITS:
+      return "EXL3 reconstruct supports 1..8 bits per weight, and 1.5/2.5/3.5 with the mul1 codebook";
+    case EXL3_ERR_CODEBOOK:
+      return "EXL3 reconstruct: codebook must be 0 (3inst), 1 (mcg) or 2 (mul1); half-integer rates need mul1";
+    case EXL3_ERR_ALIGN:
+      return "EXL3 reconstruct: trellis must be 16-byte aligned, svh and the output 4-byte aligned, none missing";
+    case EXL3_RECON_ERR_COLUMNS:
+      return "EXL3 reconstruct: at least one layer, col0 and cols multiples of 128 with col0 + cols <= out_features, "
+             "and an even row stride ldw >= cols";
+    case EXL3_ERR_CUDA: return exl3_recon::g_error;
+    default: return exl3_gemv_error_string(status);
+  }
+}
