@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "exl3_gemv.h"
+#include "exl3_recon.h"
 
 namespace {
 
@@ -329,6 +330,110 @@ bool moe_supports(int64_t in_features, int64_t out_features, int64_t k2, int64_t
                            static_cast<int>(codebook)) == EXL3_OK;
 }
 
+// --- reconstruction (prefill) ---
+// W = diag(suh) . H . W_hat . H . diag(svh) as dense fp16 (exl3_recon.h), for reconstruct-then-cuBLAS prefill.
+// The checks are the GEMV's (same wording, minus x); the shape rule is the GEMV's own (exl3_recon_supports).
+
+void check_recon_layer(const torch::Tensor& trellis, const torch::Tensor& suh, const torch::Tensor& svh,
+                       int64_t codebook) {
+  TORCH_CHECK(trellis.is_cuda() && suh.is_cuda() && svh.is_cuda(),
+              "EXL3 reconstruct: trellis, suh and svh must all be CUDA tensors");
+  TORCH_CHECK(suh.device() == trellis.device() && svh.device() == trellis.device(),
+              "EXL3 reconstruct: trellis, suh and svh must be on one device");
+  TORCH_CHECK(trellis.scalar_type() == torch::kShort, "EXL3 reconstruct: trellis must be int16, got " + dtype_name(trellis));
+  TORCH_CHECK(suh.scalar_type() == torch::kHalf && svh.scalar_type() == torch::kHalf,
+              "EXL3 reconstruct: suh and svh must be float16");
+  TORCH_CHECK(trellis.dim() == 3, "EXL3 reconstruct: trellis must be [I/16, O/16, 16*K], got " + dims(trellis));
+  TORCH_CHECK(trellis.is_contiguous(), "EXL3 reconstruct: trellis must be contiguous");
+  const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
+  TORCH_CHECK(suh.dim() == 1 && suh.size(0) == in_features,
+              "EXL3 reconstruct: suh must be [" + num(in_features) + "], got " + dims(suh));
+  TORCH_CHECK(svh.dim() == 1 && svh.size(0) == out_features,
+              "EXL3 reconstruct: svh must be [" + num(out_features) + "], got " + dims(svh));
+  const int64_t last = trellis.size(2);
+  TORCH_CHECK(last > 0 && last % 8 == 0,
+              "EXL3 reconstruct: trellis last dimension must be 16*K (or 16*K+8 for half-integer K), got " + num(last));
+  const int64_t k2 = last / 8;
+  const int st = exl3_recon_supports(static_cast<int>(in_features), static_cast<int>(out_features),
+                                     static_cast<int>(k2), static_cast<int>(codebook));
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_recon_error_string(st)) + " (layer " + num(in_features) + " x " +
+                                 num(out_features) + ", " + bits_str(k2) + " bits, codebook " + num(codebook) + ")");
+}
+
+// Writes columns col0 .. col0 + out.size(-1) of each layer's W into out ([I, cols] for one layer, [E, I, cols] for
+// E layers of one shape, rate and codebook; rows may be strided, e.g. a column slice of a bigger buffer, the last
+// dimension must be dense). One launch per 32 layers, no sync, no allocation (graph-safe).
+void reconstruct_into(std::vector<torch::Tensor> trellis, std::vector<torch::Tensor> suh, std::vector<torch::Tensor> svh,
+                      int64_t codebook, torch::Tensor out, int64_t col0) {
+  const int64_t n = static_cast<int64_t>(trellis.size());
+  TORCH_CHECK(n >= 1 && static_cast<int64_t>(suh.size()) == n && static_cast<int64_t>(svh.size()) == n,
+              "EXL3 reconstruct: one suh and one svh per trellis, at least one layer");
+  for (int64_t i = 0; i < n; ++i) check_recon_layer(trellis[i], suh[i], svh[i], codebook);
+  const torch::Tensor& t0 = trellis[0];
+  const int64_t in_features = t0.size(0) * 16, out_features = t0.size(1) * 16, k2 = t0.size(2) / 8;
+  for (int64_t i = 1; i < n; ++i)
+    TORCH_CHECK(trellis[i].sizes() == t0.sizes() && trellis[i].device() == t0.device(),
+                "EXL3 reconstruct: the layers of one launch must share shape, rate and device, got " + dims(t0) +
+                    " and " + dims(trellis[i]));
+  TORCH_CHECK(out.is_cuda() && out.device() == t0.device() && out.scalar_type() == torch::kHalf,
+              "EXL3 reconstruct: out must be a float16 CUDA tensor on the trellis' device");
+  TORCH_CHECK((n == 1 && out.dim() == 2) || out.dim() == 3,
+              "EXL3 reconstruct: out must be [I, cols] for one layer or [layers, I, cols], got " + dims(out));
+  const int64_t lead = out.dim() == 3 ? out.size(0) : 1;
+  const int64_t rows = out.size(out.dim() - 2), cols = out.size(out.dim() - 1);
+  TORCH_CHECK(lead == n && rows == in_features, "EXL3 reconstruct: out must be [" + std::string(n > 1 || out.dim() == 3 ? num(n) + ", " : "") +
+                                                    num(in_features) + ", cols], got " + dims(out));
+  TORCH_CHECK(out.stride(out.dim() - 1) == 1 && out.stride(out.dim() - 2) >= cols,
+              "EXL3 reconstruct: out's rows must be dense (last stride 1), got strides of " + dims(out));
+  const c10::cuda::CUDAGuard guard(t0.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  std::vector<torch::Tensor> keep;  // aligned copies live until the launch is queued
+  std::vector<Exl3ReconLayer> layers(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    keep.push_back(aligned(trellis[i]));
+    keep.push_back(aligned(suh[i]));
+    keep.push_back(aligned(svh[i]));
+    layers[i].trellis = keep[keep.size() - 3].data_ptr();
+    layers[i].suh = keep[keep.size() - 2].data_ptr();
+    layers[i].svh = keep[keep.size() - 1].data_ptr();
+    layers[i].w = static_cast<at::Half*>(out.data_ptr()) + (out.dim() == 3 ? i * out.stride(0) : 0);
+  }
+  if (cols == 0) return;
+  Exl3ReconParams p{};
+  p.layers = layers.data();
+  p.n_layers = static_cast<int>(n);
+  p.in_features = static_cast<int>(in_features);
+  p.out_features = static_cast<int>(out_features);
+  p.k2 = static_cast<int>(k2);
+  p.codebook = static_cast<int>(codebook);
+  p.col0 = static_cast<int>(col0);
+  p.cols = static_cast<int>(cols);
+  p.ldw = out.stride(out.dim() - 2);
+  const int st = exl3_recon_launch(&p, stream);
+  TORCH_CHECK(st == EXL3_OK, std::string(exl3_recon_error_string(st)) + " (layer " + num(in_features) + " x " +
+                                 num(out_features) + ", columns " + num(col0) + " + " + num(cols) + ")");
+}
+
+// W [I, cols] of one layer, columns col0 .. col0 + cols (cols < 0: to the end).
+torch::Tensor reconstruct(torch::Tensor trellis, torch::Tensor suh, torch::Tensor svh, int64_t codebook, int64_t col0,
+                          int64_t cols) {
+  check_recon_layer(trellis, suh, svh, codebook);
+  const int64_t in_features = trellis.size(0) * 16, out_features = trellis.size(1) * 16;
+  if (cols < 0) cols = out_features - col0;
+  TORCH_CHECK(col0 >= 0 && cols >= 0 && col0 % 128 == 0 && cols % 128 == 0 && col0 + cols <= out_features,
+              std::string(exl3_recon_error_string(EXL3_RECON_ERR_COLUMNS)) + " (layer " + num(in_features) + " x " +
+                  num(out_features) + ", columns " + num(col0) + " + " + num(cols) + ")");
+  torch::Tensor w = torch::empty({in_features, cols}, suh.options());
+  reconstruct_into({trellis}, {suh}, {svh}, codebook, w, col0);
+  return w;
+}
+
+// Whether a layer of this shape, rate and codebook can be reconstructed (the shape rule, exl3_recon_supports).
+bool recon_supports(int64_t in_features, int64_t out_features, int64_t k2, int64_t codebook) {
+  return exl3_recon_supports(static_cast<int>(in_features), static_cast<int>(out_features), static_cast<int>(k2),
+                             static_cast<int>(codebook)) == EXL3_OK;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -355,5 +460,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("topk"), py::arg("hidden"), py::arg("width"), py::arg("gated"), py::arg("gu_sels"),
         py::arg("down_sels"), py::arg("ksplit_gu") = 0, py::arg("ksplit_down") = 0);
   m.def("moe_supports", &moe_supports, "whether the fused MoE takes experts of this shape, rate and codebook",
+        py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
+  // --- reconstruction (prefill) ---
+  m.def("reconstruct", &reconstruct, "W [I, cols] (fp16) of an EXL3 layer, columns col0 .. col0 + cols (cols -1: to the end)",
+        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook_id"), py::arg("col0") = 0,
+        py::arg("cols") = -1);
+  m.def("reconstruct_into", &reconstruct_into,
+        "write columns col0.. of each layer's W into out ([I, cols] or [layers, I, cols]); layers share shape and rate",
+        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook_id"), py::arg("out"), py::arg("col0") = 0);
+  m.def("recon_supports", &recon_supports, "whether a layer of this shape, rate and codebook can be reconstructed",
         py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
 }
