@@ -66,7 +66,9 @@ def _a_from_lanes(regs: list[torch.Tensor]) -> torch.Tensor:
     return a
 
 
-def _b_from_lanes(reg0: tuple[torch.Tensor, torch.Tensor], reg1: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def _b_from_lanes(
+    reg0: tuple[torch.Tensor, torch.Tensor], reg1: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
     """B 16x8 from per-lane registers (PTX layout: reg0 = k 2c, 2c+1; reg1 = k 2c+8, 2c+9; column g)."""
     b = torch.zeros(16, 8, dtype=torch.float64)
     b[2 * C, G], b[2 * C + 1, G] = reg0
@@ -115,16 +117,30 @@ def model_block(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, cod
                     acc = torch.zeros(16, 8, dtype=torch.float32)
                     for a in range(par, 8, 2):
                         neg = bin((2 * rnd) & a).count("1") & 1
-                        acc = _mma(-a_h16 if neg else a_h16, _b_from_lanes(bf[a][2 * h], bf[a][2 * h + 1]), acc)
+                        acc = _mma(
+                            -a_h16 if neg else a_h16, _b_from_lanes(bf[a][2 * h], bf[a][2 * h + 1]), acc
+                        )
                     eo[par, h] = _c_to_lanes(acc)
             for s in range(2):
                 t = eo[0] - eo[1] if s else eo[0] + eo[1]  # [h, lane, 4]
                 hi = t.half()
                 lo = (t - hi.float()).half()
-                a_hi = _a_from_lanes([(hi[0, :, 0], hi[0, :, 1]), (hi[0, :, 2], hi[0, :, 3]),
-                                      (hi[1, :, 0], hi[1, :, 1]), (hi[1, :, 2], hi[1, :, 3])])
-                a_lo = _a_from_lanes([(lo[0, :, 0], lo[0, :, 1]), (lo[0, :, 2], lo[0, :, 3]),
-                                      (lo[1, :, 0], lo[1, :, 1]), (lo[1, :, 2], lo[1, :, 3])])
+                a_hi = _a_from_lanes(
+                    [
+                        (hi[0, :, 0], hi[0, :, 1]),
+                        (hi[0, :, 2], hi[0, :, 3]),
+                        (hi[1, :, 0], hi[1, :, 1]),
+                        (hi[1, :, 2], hi[1, :, 3]),
+                    ]
+                )
+                a_lo = _a_from_lanes(
+                    [
+                        (lo[0, :, 0], lo[0, :, 1]),
+                        (lo[0, :, 2], lo[0, :, 3]),
+                        (lo[1, :, 0], lo[1, :, 1]),
+                        (lo[1, :, 2], lo[1, :, 3]),
+                    ]
+                )
                 for h in range(2):
                     bmat = _b_from_lanes(ha[h], ha[h + 2])
                     u = _mma(a_lo, bmat, _mma(a_hi, bmat, torch.zeros(16, 8)))
@@ -145,7 +161,9 @@ def model_block(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, cod
             scale = suh[k].float() * (1.0 / 128.0)
             for w in range(8):
                 n = nb * 128 + 16 * w + xcol
-                out[32 * rnd + xrow, 16 * w + xcol : 16 * w + xcol + 2] = (v[w] * scale * svh[n : n + 2].float()).half()
+                out[32 * rnd + xrow, 16 * w + xcol : 16 * w + xcol + 2] = (
+                    v[w] * scale * svh[n : n + 2].float()
+                ).half()
     return out
 
 

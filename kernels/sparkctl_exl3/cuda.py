@@ -15,9 +15,10 @@ import os
 import shlex
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -28,22 +29,27 @@ __all__ = [
     "available",
     "build",
     "build_dir",
+    "gemm",
     "gemv",
     "gemv_ksplit",
     "gemv_ksplit_range",
     "moe",
     "moe_prepare",
     "moe_supports",
+    "moe_prefill",
+    "prefill_supports",
     "set_tuning",
     "sources",
     "supports",
     "tuned",
     "tuning",
     "unavailable_reason",
+    "weight",
+    "weights",
 ]
 
 #: Name of the compiled module (bump the suffix when the binding's signature changes, so stale caches are ignored).
-EXTENSION_NAME = "sparkctl_exl3_cuda_v4"
+EXTENSION_NAME = "sparkctl_exl3_cuda_v5"
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _lock = threading.Lock()
@@ -448,6 +454,222 @@ def moe(
         int(ksplit_gu),
         int(ksplit_down),
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# --- reconstruction (prefill) ---
+# W rebuilt as dense fp16 by kernels/csrc/exl3_recon.cu, then cuBLAS (kernels/PERF.md, "prefill", says why).
+# ------------------------------------------------------------------------------------------------
+
+#: Most rows the GEMV takes per launch (exl3_gemv.h); calls with more rows are prefill.
+GEMV_MAX_ROWS = 8
+#: Rows from which :func:`gemm` reconstructs W and multiplies with cuBLAS instead of running the GEMV in groups of
+#: 8. NOT YET MEASURED: a placeholder until ``kernels/bench/prefill_bench.py --sweep`` runs on the device. Why 16:
+#: the GEMV costs ~18 us per 8 rows at 4096x14336 (PERF.md), the reconstruction is predicted at 40-60 us there, so
+#: the crossover should lie between 16 and 32 rows; 16 keeps the regression small if the prediction is optimistic.
+PREFILL_MIN_ROWS = 16
+#: Most elements of W one :func:`gemm` call holds at once: wider layers are reconstructed and multiplied in column
+#: chunks (multiples of 128), which bounds the scratch at 2 bytes times this (128 MiB).
+PREFILL_CHUNK_ELEMENTS = 1 << 26
+#: The MoE prefill's budget of reconstructed expert weights held at once (elements; 2 bytes each: 1 GiB).
+MOE_SCRATCH_ELEMENTS = 1 << 29
+#: Activations :func:`moe_prefill` takes by name (the plugin's names).
+PREFILL_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": partial(torch.nn.functional.gelu, approximate="tanh"),
+}
+
+
+def prefill_supports(
+    x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook_id: int
+) -> bool:
+    """Whether :func:`gemm` takes this call: fp16/int16 CUDA tensors, more rows than the GEMV's 8 and a layer the
+    shape rule takes (``exl3_recon_supports``, the GEMV's rule). False wherever the kernels are not available."""
+    if not (x.is_cuda and trellis.is_cuda and x.dtype == torch.float16 and trellis.dtype == torch.int16):
+        return False
+    if trellis.dim() != 3 or suh.dtype != torch.float16 or svh.dtype != torch.float16 or x.dim() == 0:
+        return False
+    last = trellis.shape[2]
+    if last % 8:
+        return False
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows <= GEMV_MAX_ROWS:
+        return False
+    module = _load()
+    if module is None or not hasattr(module, "recon_supports"):
+        return False
+    in_f, out_f = 16 * trellis.shape[0], 16 * trellis.shape[1]
+    return bool(module.recon_supports(in_f, out_f, last // 8, int(codebook_id)))
+
+
+def weight(
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    codebook_id: int,
+    *,
+    col0: int = 0,
+    cols: int | None = None,
+) -> torch.Tensor:
+    """The dense fp16 ``W [I, O]`` of one layer (SPEC 4), or its columns ``col0 .. col0 + cols`` (multiples of 128),
+    from one reconstruction kernel. Bad inputs raise ``RuntimeError`` with the reason."""
+    module = _module_or_raise()
+    return module.reconstruct(
+        trellis, suh, svh, int(codebook_id), int(col0), -1 if cols is None else int(cols)
+    )
+
+
+def weights(layers: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]) -> list[torch.Tensor]:
+    """``W`` of several layers, ``(trellis, suh, svh, codebook_id)`` each: one launch (per 32 layers) for every group
+    of layers that share shape, rate, codebook and device (a MoE layer's experts), views of one buffer per group."""
+    if not layers:
+        raise ValueError("weights() needs at least one layer")
+    module = _module_or_raise()
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, (trellis, _suh, _svh, codebook_id) in enumerate(layers):
+        groups.setdefault((tuple(trellis.shape), int(codebook_id), trellis.device), []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(layers)
+    for (shape, codebook_id, device), index in groups.items():
+        in_f, out_f = 16 * int(shape[0]), 16 * int(shape[1])  # type: ignore[index]
+        buf = torch.empty(len(index), in_f, out_f, dtype=torch.float16, device=device)  # type: ignore[arg-type]
+        module.reconstruct_into(
+            [layers[i][0].contiguous() for i in index],
+            [layers[i][1].contiguous() for i in index],
+            [layers[i][2].contiguous() for i in index],
+            codebook_id,
+            buf,
+            0,
+        )
+        for j, i in enumerate(index):
+            out[i] = buf[j]
+    return [w for w in out if w is not None]
+
+
+def gemm(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    codebook_id: int,
+    *,
+    min_rows: int | None = None,
+    chunk_elements: int | None = None,
+) -> torch.Tensor:
+    """``y = x . W`` for fp16 ``x [rows, I]`` of any row count: the GEMV (groups of 8) below ``min_rows``
+    (:data:`PREFILL_MIN_ROWS`), else W reconstructed to fp16 and one cuBLAS fp16 GEMM, in column chunks of at most
+    ``chunk_elements`` elements of W (:data:`PREFILL_CHUNK_ELEMENTS`)."""
+    module = _module_or_raise()
+    if x.dim() != 2:
+        raise ValueError(f"EXL3 GEMM: x must be 2-D [rows, I], got shape {tuple(x.shape)}")
+    rows = int(x.shape[0])
+    if 0 < rows < (PREFILL_MIN_ROWS if min_rows is None else min_rows):
+        return gemv(x, trellis, suh, svh, codebook_id)
+    if x.dtype != torch.float16:
+        raise RuntimeError(f"EXL3 GEMM: x must be float16, got {x.dtype}")
+    if trellis.dim() != 3:
+        raise RuntimeError(f"EXL3 GEMM: trellis must be [I/16, O/16, 16*K], got {tuple(trellis.shape)}")
+    in_f, out_f = 16 * int(trellis.shape[0]), 16 * int(trellis.shape[1])
+    if x.shape[1] != in_f:
+        raise RuntimeError(f"EXL3 GEMM: x has {x.shape[1]} features but the trellis has {in_f}")
+    if x.device != trellis.device:
+        raise RuntimeError("EXL3 GEMM: x, trellis, suh and svh must be on one device")
+    limit = PREFILL_CHUNK_ELEMENTS if chunk_elements is None else int(chunk_elements)
+    cols = max(128, limit // in_f // 128 * 128)
+    if cols >= out_f:
+        return torch.matmul(x, module.reconstruct(trellis, suh, svh, int(codebook_id), 0, -1))
+    y = torch.empty(rows, out_f, dtype=x.dtype, device=x.device)
+    scratch = torch.empty(in_f, cols, dtype=torch.float16, device=x.device)
+    for c0 in range(0, out_f, cols):
+        n = min(cols, out_f - c0)
+        w = scratch[:, :n]  # rows strided by `cols`: the kernel and cuBLAS both take a row stride
+        module.reconstruct_into([trellis], [suh], [svh], int(codebook_id), w, c0)
+        torch.mm(x, w, out=y[:, c0 : c0 + n])
+    return y
+
+
+def moe_prefill(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]],
+    activation: str | Callable[[torch.Tensor], torch.Tensor] = "silu",
+    *,
+    intermediate: int | None = None,
+    scratch_elements: int | None = None,
+) -> torch.Tensor:
+    """The routed experts of a MoE layer for many tokens: ``sum_j w[t, j] * down(act(gate(x_t)) * up(x_t))`` over
+    token t's slots j, for ``x [tokens, hidden]`` fp16, ``topk_ids``/``topk_weights [tokens, top_k]``.
+
+    ``experts[e]`` = ``{"gate": (trellis, suh, svh, codebook_name), "up": ..., "down": ...}`` ("up" may be missing);
+    experts may differ in K and codebook. Pairs are sorted by expert on the GPU; the counts per expert come to the
+    host once (the layer's one sync), so only routed experts are reconstructed (grouped launches, within
+    ``scratch_elements`` of fp16 weights at a time, :data:`MOE_SCRATCH_ELEMENTS`) and each runs its rows as one cuBLAS
+    GEMM per projection, any number of rows. Results are added back in fp32 (``index_add_``), weighted. Ids outside
+    ``0 .. len(experts) - 1`` (another rank's experts) add nothing. ``intermediate``: the true width when gate/up
+    are padded past it (their extra columns are zeroed before down, as the plugin's cut does).
+    """
+    act = PREFILL_ACTIVATIONS[activation] if isinstance(activation, str) else activation
+    if (
+        x.dim() != 2
+        or topk_ids.shape != topk_weights.shape
+        or topk_ids.dim() != 2
+        or topk_ids.shape[0] != x.shape[0]
+    ):
+        raise ValueError(
+            f"moe_prefill: x must be [tokens, hidden] and topk_ids, topk_weights [tokens, top_k], got "
+            f"{tuple(x.shape)}, {tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
+        )
+    if not experts:
+        raise ValueError("moe_prefill needs at least one expert")
+    tokens, top_k = int(topk_ids.shape[0]), int(topk_ids.shape[1])
+    n_exp = len(experts)
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    key = torch.where((ids >= 0) & (ids < n_exp), ids, n_exp)  # other ranks' experts sort past the end
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=n_exp + 1).tolist()  # the one host sync of the layer
+    token_sorted = order // top_k
+    weight_sorted = topk_weights.reshape(-1).to(torch.float32).index_select(0, order)
+    out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    budget = MOE_SCRATCH_ELEMENTS if scratch_elements is None else int(scratch_elements)
+    names = ("gate", "up", "down")
+
+    def size(e: int) -> int:
+        return sum(256 * int(p[0].shape[0]) * int(p[0].shape[1]) for n, p in experts[e].items() if n in names)
+
+    routed = [e for e in range(n_exp) if counts[e] > 0]
+    batches: list[list[int]] = []
+    held = 0
+    for e in routed:
+        if batches and held + size(e) <= budget:
+            batches[-1].append(e)
+            held += size(e)
+        else:
+            batches.append([e])
+            held = size(e)
+    for batch in batches:
+        projections = [(e, n) for e in batch for n in names if n in experts[e]]
+        layers = []
+        for e, n in projections:
+            trellis, suh, svh, codebook = experts[e][n]
+            layers.append(
+                (trellis, suh, svh, codebook if isinstance(codebook, int) else _codebook_id(codebook))
+            )
+        w = dict(zip(projections, weights(layers), strict=True))
+        for e in batch:
+            tok = token_sorted[starts[e] : starts[e + 1]]
+            xe = x.index_select(0, tok)
+            h = act(torch.matmul(xe, w[(e, "gate")]).float())
+            if (e, "up") in w:
+                h = h * torch.matmul(xe, w[(e, "up")]).float()
+            if intermediate is not None and intermediate < h.shape[1]:
+                h[:, intermediate:] = 0.0
+            y = torch.matmul(h.to(x.dtype), w[(e, "down")]).float()
+            out.index_add_(0, tok, y * weight_sorted[starts[e] : starts[e + 1], None])
+    return out.to(x.dtype)
 
 
 def _main(argv: list[str]) -> int:

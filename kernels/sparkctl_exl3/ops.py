@@ -129,6 +129,15 @@ def _exl3_gemm_cuda(
             rows.contiguous(), trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id
         )
         return y.reshape(*x.shape[:-1], y.shape[-1])
+    prefill = getattr(kernel, "prefill_supports", None) if kernel is not None else None
+    if prefill is not None and prefill(x, trellis, suh, svh, codebook_id):
+        # more rows than the GEMV's 8: the kernel module picks GEMV groups or reconstruct + cuBLAS by its threshold
+        reference.check_layer(trellis, suh, svh, codebook)
+        rows = x.reshape(-1, x.shape[-1])
+        y = kernel.gemm(
+            rows.contiguous(), trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id
+        )
+        return y.reshape(*x.shape[:-1], y.shape[-1])
     return reference.matmul(x, trellis, suh, svh, codebook)
 
 
@@ -211,9 +220,10 @@ def exl3_weight(
     """The dense fp16 [I, O] original-basis weight of an EXL3 layer (SPEC 4)."""
     kernel = cuda_kernel() if trellis.is_cuda else None
     reconstruct = getattr(kernel, "weight", None)
-    if reconstruct is not None:
+    # the kernel takes fp16 scales on the trellis' device; anything else the reference takes runs there
+    if reconstruct is not None and suh.dtype == svh.dtype == torch.float16 and suh.is_cuda and svh.is_cuda:
         reference.check_layer(trellis, suh, svh, _codebook_name(codebook_id))
-        return reconstruct(trellis, suh, svh, codebook_id)
+        return reconstruct(trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id)
     return reference.weight(trellis, suh, svh, _codebook_name(codebook_id))
 
 
