@@ -34,6 +34,7 @@ _SPILL = re.compile(
 _USED = re.compile(r"Used (?P<regs>\d+) registers(?:, used \d+ barriers)?(?:, (?P<smem>\d+) bytes smem)?")
 _GEMV = re.compile(r"gemv_kernelILi(?P<k2>\d+)ELi(?P<cb>\d)E")
 _GEMV_I8 = re.compile(r"gemv_i8_kernelILi(?P<k2>\d+)ELi(?P<rows>\d)E")
+_RECON = re.compile(r"recon_kernelILi(?P<k2>\d+)ELi(?P<cb>\d)E")
 _CODEBOOKS = ("3inst", "mcg", "mul1")
 
 
@@ -57,6 +58,9 @@ class KernelReport:
         m = _GEMV_I8.search(self.name)
         if m:  # the integer-tensor-core mul1 kernel, one instance per row class: 1, 2, 3-4, 5-8 rows
             return f"gemv-i8 K={_bits(int(m['k2']))} rows<={m['rows']}"
+        m = _RECON.search(self.name)
+        if m:  # the prefill path's weight reconstruction (exl3_recon.cu)
+            return f"recon K={_bits(int(m['k2']))} {_CODEBOOKS[int(m['cb'])]}"
         return _unqualified(self.name)
 
 
