@@ -44,6 +44,9 @@ EXPECTED_GEMV_I8 = {
     for r in (1, 2, 4, 8)
 }
 
+# The prefill path's reconstruction (exl3_recon.cu): the same rates and codebooks as the GEMV's shape rule
+EXPECTED_RECON = {label.replace("gemv", "recon", 1) for label in EXPECTED_GEMV}
+
 
 @pytest.fixture(scope="module")
 def nvcc_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
@@ -71,6 +74,8 @@ def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str)
     assert labels == EXPECTED_GEMV
     labels_i8 = {" ".join(r[1:4]) for r in rows if r[1] == "gemv-i8"}
     assert labels_i8 == EXPECTED_GEMV_I8
+    labels_recon = {" ".join(r[1:4]) for r in rows if r[1] == "recon"}
+    assert labels_recon == EXPECTED_RECON
     for r in rows:
         assert r[-3] == "0/0", f"{arch} {' '.join(r)}: register spills"
         assert 0 < int(r[-4]) <= 255, f"{arch} {' '.join(r)}: register count"
@@ -284,3 +289,64 @@ def test_the_build_command_explains_itself_and_rejects_anything_else() -> None:
     assert "usage: python -m sparkctl_exl3.cuda build" in helped.stdout and "compile" in helped.stdout
     wrong = run("bogus")
     assert wrong.returncode == 2 and "usage: python -m sparkctl_exl3.cuda build" in wrong.stderr
+
+
+# The prefill path's statuses: exl3_gemv.h's codes plus EXL3_RECON_ERR_COLUMNS (exl3_recon.h)
+EXL3_ERR_ALIGN, EXL3_RECON_ERR_COLUMNS = 6, 32
+
+_RECON_MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "exl3_recon.h"
+// argv: I O k2 codebook col0 cols ldw null_trellis, repeated: one "status|message" line per case
+int main(int argc, char** argv) {
+  static short trellis_buf[64] __attribute__((aligned(16)));
+  static short half_buf[64] __attribute__((aligned(16)));
+  for (int i = 1; i + 7 < argc; i += 8) {
+    Exl3ReconLayer l = {atoi(argv[i + 7]) ? nullptr : trellis_buf, half_buf, half_buf, half_buf};
+    Exl3ReconParams p = {&l, 1, atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]), atoi(argv[i + 3]),
+                         atoi(argv[i + 4]), atoi(argv[i + 5]), atoll(argv[i + 6])};
+    const int st = exl3_recon_launch(&p, 0);
+    printf("%d|%s\n", st, exl3_recon_error_string(st));
+  }
+  printf("supports %d %d\n", exl3_recon_supports(256, 384, 5, 2), exl3_recon_supports(256, 384, 5, 0));
+  return 0;
+}
+"""
+
+
+def test_reconstruction_refuses_bad_launches_on_the_host(
+    nvcc_build: tuple[Path, str], tmp_path: Path
+) -> None:
+    """exl3_recon_launch checks the shape rule (the GEMV's), the column range and the pointers before it touches
+    the device, with its own one-line messages; run on the host from the built objects."""
+    out, _ = nvcc_build
+    main = tmp_path / "recon.cpp"
+    main.write_text(_RECON_MAIN)
+    prog = tmp_path / "recon"
+    objs = [str(out / "sm_90" / "exl3_recon.o"), str(out / "sm_90" / "exl3_gemv.o")]
+    link = subprocess.run(
+        [NVCC, "-std=c++17", f"-I{KERNELS / 'csrc'}", str(main), *objs, "-o", str(prog)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert link.returncode == 0, link.stdout + link.stderr
+    cases = [
+        ((256, 200, 8, 2, 0, 128, 200, 0), (EXL3_ERR_SHAPE, "multiples of 128")),
+        ((256, 384, 9, 2, 0, 384, 384, 0), (EXL3_ERR_BITS, "1..8 bits per weight")),
+        ((256, 384, 5, 1, 0, 384, 384, 0), (EXL3_ERR_CODEBOOK, "half-integer rates need mul1")),
+        ((256, 384, 8, 2, 64, 128, 384, 0), (EXL3_RECON_ERR_COLUMNS, "col0 and cols multiples of 128")),
+        ((256, 384, 8, 2, 256, 256, 384, 0), (EXL3_RECON_ERR_COLUMNS, "col0 + cols <= out_features")),
+        ((256, 384, 8, 2, 0, 384, 383, 0), (EXL3_RECON_ERR_COLUMNS, "even row stride")),
+        ((256, 384, 8, 2, 0, 384, 384, 1), (EXL3_ERR_ALIGN, "none missing")),
+    ]
+    args = [str(v) for case, _ in cases for v in case]
+    proc = subprocess.run([str(prog), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(cases) + 1, proc.stdout
+    for (case, want), line in zip(cases, lines, strict=False):
+        status, message = line.split("|", 1)
+        assert (int(status), want[1] in message) == (want[0], True), (case, line)
+    assert lines[-1] == f"supports {EXL3_OK} {EXL3_ERR_CODEBOOK}"
