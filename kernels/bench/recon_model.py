@@ -35,19 +35,37 @@ def _h16(r: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return 1.0 - 2.0 * parity.double()
 
 
+def _bits16(words: list[int], off: int) -> int:
+    """bits16<OFF>: one shift, or one funnel shift across two words."""
+    q, r = off // 32, off % 32
+    if r + 16 <= 32:
+        return (words[q] >> (16 - r)) & 0xFFFF
+    return _funnel_l(words[q + 1], words[q], r) >> 16
+
+
+def _funnel_l(lo: int, hi: int, shift: int) -> int:
+    """__funnelshift_l(lo, hi, shift): the high 32 bits of (hi:lo) << (shift & 31)."""
+    return (((hi << 32) | lo) << (shift & 31) >> 32) & 0xFFFFFFFF
+
+
 def _states(tile_words: list[int], k2: int) -> torch.Tensor:
-    """[32 lanes, 8] states exactly as the kernel's loop computes them from one tile's 32-bit words."""
+    """[32 lanes, 8] states exactly as the kernel cuts them from one tile's 32-bit words: the lane's raw words
+    (wrapping around the ring), funnel-shifted so its first window starts at bit 0, then compile-time cuts."""
     ring, nw = 128 * k2, 4 * k2
+    off = [_end(k2, e) - _end(k2, 0) for e in range(8)]
+    norm_words = (off[7] + 16 + 31) // 32
     out = torch.zeros(32, 8, dtype=torch.int64)
     for lane in range(32):
-        pl = 4 * k2 * lane - 16 + ring
+        b0 = 4 * k2 * lane + _end(k2, 0) - 16
+        b0 = b0 + ring if b0 < 0 else b0
+        first_bit = b0 & 31
+        word_at = [
+            (b0 >> 5) + i - nw if (b0 >> 5) + i >= nw else (b0 >> 5) + i for i in range(norm_words + 1)
+        ]
+        raw = [tile_words[q] for q in word_at]
+        norm = [_funnel_l(raw[i + 1], raw[i], first_bit) for i in range(norm_words)]
         for e in range(8):
-            pos = pl + _end(k2, e)
-            pos = pos - ring if pos >= ring else pos
-            q, r = pos >> 5, pos & 31
-            hi, lo = tile_words[q], tile_words[q + 1 - nw if q + 1 >= nw else q + 1]
-            funnel = ((hi << 32 | lo) << r >> 32) & 0xFFFFFFFF  # __funnelshift_l(lo, hi, r)
-            out[lane, e] = funnel >> 16
+            out[lane, e] = _bits16(norm, off[e])
     return out
 
 

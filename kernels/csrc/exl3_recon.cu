@@ -76,7 +76,40 @@ struct Rate {
   static constexpr int kBlockBytes = 64 * kTileBytes;    // the 8 x 8 tiles of a 128 x 128 block
   static constexpr int kBlockUnits = kBlockBytes / 16;   // 16-byte cp.async units
   static constexpr int kRowUnits = 8 * kTileBytes / 16;  // units per tile row of the block (contiguous in memory)
+  // Start of state e's 16-bit window relative to state 0's, and the bits a lane needs.
+  __host__ __device__ static constexpr int off(int e) { return end(e) - end(0); }
+  static constexpr int kSpan = off(7) + 16;
+  static constexpr int kNormWords = (kSpan + 31) / 32;  // words once the first window starts at bit 0
+  static constexpr int kRawWords = kNormWords + 1;      // words as stored (the first window starts anywhere)
+  static_assert(kRawWords <= kTileWords, "a lane's window is longer than a tile");
 };
+
+// 16 bits at bit OFF (MSB first) of w[0], w[1], ...: one shift (or PRMT-free SHR) or one funnel shift.
+template <int OFF, int NW>
+__device__ __forceinline__ uint32_t bits16(const uint32_t (&w)[NW]) {
+  constexpr int q = OFF / 32, r = OFF % 32;
+  if constexpr (r + 16 <= 32) {
+    static_assert(q < NW, "window past the loaded words");
+    return (w[q] >> (16 - r)) & 0xFFFFu;
+  } else {
+    static_assert(q + 1 < NW, "window past the loaded words");
+    return __funnelshift_l(w[q + 1], w[q], r) >> 16;
+  }
+}
+
+// The lane's 8 states from its normalised words (state e's window starts at bit off(e)).
+template <int K2, int NW>
+__device__ __forceinline__ void cut_states(const uint32_t (&w)[NW], uint32_t (&st)[8]) {
+  using R = Rate<K2>;
+  st[0] = bits16<R::off(0), NW>(w);
+  st[1] = bits16<R::off(1), NW>(w);
+  st[2] = bits16<R::off(2), NW>(w);
+  st[3] = bits16<R::off(3), NW>(w);
+  st[4] = bits16<R::off(4), NW>(w);
+  st[5] = bits16<R::off(5), NW>(w);
+  st[6] = bits16<R::off(6), NW>(w);
+  st[7] = bits16<R::off(7), NW>(w);
+}
 
 template <int K2>
 __host__ __device__ constexpr int smem_bytes() {
@@ -203,6 +236,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
   const uint32_t ha[4] = {h16_pair(g, 2 * c), h16_pair(g + 8, 2 * c), h16_pair(g, 2 * c + 8),
                           h16_pair(g + 8, 2 * c + 8)};
   const uint32_t hn[4] = {ha[0] ^ 0x80008000u, ha[1] ^ 0x80008000u, ha[2] ^ 0x80008000u, ha[3] ^ 0x80008000u};
+  // The lane's trellis positions 8*lane .. 8*lane+7 need ring bits from b0 = 4*K2*lane + end(0) - 16 (mod R, SPEC
+  // 2.2: lane 0's first window wraps to the end of the ring): the words holding them, and b0's offset in the first.
+  int word_at[R::kRawWords];
+  int first_bit;
+  {
+    int b0 = 4 * K2 * lane + R::end(0) - 16;
+    b0 = b0 < 0 ? b0 + R::kRingBits : b0;
+    first_bit = b0 & 31;
+#pragma unroll
+    for (int i = 0; i < R::kRawWords; ++i) {
+      const int q = (b0 >> 5) + i;
+      word_at[i] = q >= R::kTileWords ? q - R::kTileWords : q;
+    }
+  }
   // The read phase's item: one row of a round, one column pair of every column tile.
   const int xrow = tid >> 3, xcol = (tid & 7) * 2;
 
@@ -224,16 +271,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
 #pragma unroll
     for (int a = 0; a < 8; ++a) {
       const uint32_t* wds = tiles + (a * 8 + warp) * R::kTileWords;
-      uint32_t st[8];
-      const int pl = 4 * K2 * lane - 16 + R::kRingBits;  // the lane's ring bits, + R so the first windows wrap
+      // the lane's words, funnel-shifted so its first window starts at bit 0: the 8 cuts are then compile-time
+      uint32_t raw[R::kRawWords], nw[R::kNormWords];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        int pos = pl + R::end(e);
-        pos = pos >= R::kRingBits ? pos - R::kRingBits : pos;
-        const int q = pos >> 5, r = pos & 31;
-        const uint32_t hi = wds[q], lo = wds[q + 1 >= R::kTileWords ? q + 1 - R::kTileWords : q + 1];
-        st[e] = __funnelshift_l(lo, hi, r) >> 16;  // ring bits pos .. pos+15, MSB first (SPEC 2.1, 2.2)
-      }
+      for (int i = 0; i < R::kRawWords; ++i) raw[i] = wds[word_at[i]];
+#pragma unroll
+      for (int i = 0; i < R::kNormWords; ++i) nw[i] = __funnelshift_l(raw[i + 1], raw[i], first_bit);
+      uint32_t st[8];
+      cut_states<K2>(nw, st);
       // SPEC 3: e = 0,1 | 2,3 are rows r0, r0+1 | r0+8, r0+9 of column g (n-half 0); e = 4..7 the same of g + 8.
       bf[a][0] = decode_pair<CB>(st[0], st[1]);
       bf[a][1] = decode_pair<CB>(st[2], st[3]);

@@ -50,6 +50,19 @@ def _recon_model() -> types.ModuleType:
     return module
 
 
+@pytest.mark.parametrize("k2", [2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16])
+def test_the_kernels_state_cuts_are_unpack_states(k2: int) -> None:
+    """Each lane's raw words (wrapping around the ring), funnel-shifted to its first window, cut at compile-time
+    offsets: the 256 states of a tile in trellis order, for every rate."""
+    trellis = torch.randint(
+        -32768, 32768, (1, 1, 8 * k2), dtype=torch.int16, generator=torch.Generator().manual_seed(k2)
+    )
+    u = (trellis[0, 0].to(torch.int64) & 0xFFFF).tolist()
+    words = [u[2 * q] | (u[2 * q + 1] << 16) for q in range(4 * k2)]
+    states = _recon_model()._states(words, k2).flatten()
+    assert torch.equal(states, ref.unpack_states(trellis)[0, 0].to(torch.int64))
+
+
 @pytest.mark.parametrize(("k2", "codebook"), [(2, "mcg"), (4, "mul1"), (5, "mul1"), (16, "3inst")])
 def test_the_kernels_layout_reconstructs_the_reference_weight(k2: int, codebook: str) -> None:
     """Bit positions, mma fragment layouts, the sign-folded H8, the hi/lo split and the shared-memory butterfly of
