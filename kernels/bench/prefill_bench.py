@@ -200,6 +200,8 @@ def check_errors(ck: Checks, gen: torch.Generator) -> None:
     from sparkctl_exl3 import cuda
 
     trellis, suh, svh = random_layer(256, 384, 4, gen)
+    half_rate = random_layer(256, 384, 5, gen)[0]  # 2.5 bits: mul1 only
+    no_rate = random_layer(256, 384, 9, gen)[0]  # 4.5 bits: not a rate
     cases = [
         ("fp32 trellis", lambda: cuda.weight(trellis.float(), suh, svh, 2), "trellis must be int16"),
         ("short suh", lambda: cuda.weight(trellis, suh[:128], svh, 2), "suh must be [256]"),
@@ -207,12 +209,12 @@ def check_errors(ck: Checks, gen: torch.Generator) -> None:
         ("CPU suh", lambda: cuda.weight(trellis, suh.cpu(), svh, 2), "must all be CUDA tensors"),
         (
             "2.5 bits 3inst",
-            lambda: cuda.weight(trellis[..., :40].contiguous(), suh, svh, 0),
+            lambda: cuda.weight(half_rate, suh, svh, 0),
             "half-integer rates",
         ),
         (
             "4.5 bits",
-            lambda: cuda.weight(trellis[..., :72].contiguous(), suh, svh, 2),
+            lambda: cuda.weight(no_rate, suh, svh, 2),
             "1..8 bits per weight",
         ),
         ("codebook 3", lambda: cuda.weight(trellis, suh, svh, 3), "codebook must be 0"),
