@@ -588,6 +588,18 @@ def gemm(
     return y
 
 
+def _row_class(count: int) -> int:
+    """Rows an expert with ``count`` routed pairs is padded to in the batched GEMMs: multiples of 16 up to 64, then
+    steps of at most 25% (so padding wastes at most a quarter of a class's GEMM work, and a layer has a handful of
+    classes, i.e. a handful of launches, whatever its expert count)."""
+    if count <= 64:
+        return max(16, -(-count // 16) * 16)
+    rows = 64
+    while rows < count:
+        rows = -(-(rows * 5 // 4) // 16) * 16
+    return rows
+
+
 def moe_prefill(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -602,10 +614,12 @@ def moe_prefill(
     token t's slots j, for ``x [tokens, hidden]`` fp16, ``topk_ids``/``topk_weights [tokens, top_k]``.
 
     ``experts[e]`` = ``{"gate": (trellis, suh, svh, codebook_name), "up": ..., "down": ...}`` ("up" may be missing);
-    experts may differ in K and codebook. Pairs are sorted by expert on the GPU; the counts per expert come to the
-    host once (the layer's one sync), so only routed experts are reconstructed (grouped launches, within
-    ``scratch_elements`` of fp16 weights at a time, :data:`MOE_SCRATCH_ELEMENTS`) and each runs its rows as one cuBLAS
-    GEMM per projection, any number of rows. Results are added back in fp32 (``index_add_``), weighted. Ids outside
+    experts may differ in K and codebook but not in shape. Pairs are sorted by expert on the GPU; the counts per
+    expert come to the host once (the layer's one sync, followed by one small host-to-device copy of the plan), so
+    only routed experts are reconstructed. Experts are grouped by row class (:func:`_row_class`) and, within
+    ``scratch_elements`` of fp16 weights at a time (:data:`MOE_SCRATCH_ELEMENTS`), reconstructed by grouped launches
+    (gate and up side by side, so one GEMM makes both) and run as batched cuBLAS GEMMs over the class, any number of
+    rows per expert. The routing-weighted rows are added back in fp32 (``index_add_``). Ids outside
     ``0 .. len(experts) - 1`` (another rank's experts) add nothing. ``intermediate``: the true width when gate/up
     are padded past it (their extra columns are zeroed before down, as the plugin's cut does).
     """
@@ -622,54 +636,119 @@ def moe_prefill(
         )
     if not experts:
         raise ValueError("moe_prefill needs at least one expert")
-    tokens, top_k = int(topk_ids.shape[0]), int(topk_ids.shape[1])
+    module = _module_or_raise()
+    tokens, top_k, hidden = int(topk_ids.shape[0]), int(topk_ids.shape[1]), int(x.shape[1])
     n_exp = len(experts)
+    gated = "up" in experts[0]
+    shape_of = {
+        name: tuple(experts[0][name][0].shape[:2]) for name in experts[0] if name in ("gate", "up", "down")
+    }
+    for e, ex in enumerate(experts):
+        got = {name: tuple(ex[name][0].shape[:2]) for name in ex if name in ("gate", "up", "down")}
+        if got != shape_of:
+            raise ValueError(
+                f"moe_prefill: expert {e}'s projections {got} differ in shape from expert 0's {shape_of}"
+            )
+    width = 16 * shape_of["gate"][1]
+    if 16 * shape_of["gate"][0] != hidden or shape_of["down"] != (shape_of["gate"][1], shape_of["gate"][0]):
+        raise ValueError(
+            f"moe_prefill: x has {hidden} features; gate must be [{hidden}, width] and down [width, {hidden}], got "
+            f"trellis tiles {shape_of}"
+        )
     ids = topk_ids.reshape(-1).to(torch.int64)
     key = torch.where((ids >= 0) & (ids < n_exp), ids, n_exp)  # other ranks' experts sort past the end
     order = torch.argsort(key, stable=True)
+    pairs = int(order.shape[0])
+    # one extra slot past the pairs: padding rows read token `tokens` (a zero row) with weight 0
+    token_sorted = torch.cat([order // top_k, order.new_full((1,), tokens)])
+    weight_sorted = torch.cat(
+        [
+            topk_weights.reshape(-1).to(torch.float32).index_select(0, order),
+            order.new_zeros(1, dtype=torch.float32),
+        ]
+    )
     counts = torch.bincount(key, minlength=n_exp + 1).tolist()  # the one host sync of the layer
-    token_sorted = order // top_k
-    weight_sorted = topk_weights.reshape(-1).to(torch.float32).index_select(0, order)
-    out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
     starts = [0]
     for c in counts:
         starts.append(starts[-1] + c)
-    budget = MOE_SCRATCH_ELEMENTS if scratch_elements is None else int(scratch_elements)
-    names = ("gate", "up", "down")
+    per_expert = 256 * sum(
+        int(shape_of[n][0]) * int(shape_of[n][1]) for n in ("gate", "up", "down") if n in shape_of
+    )
+    budget = max(per_expert, MOE_SCRATCH_ELEMENTS if scratch_elements is None else int(scratch_elements))
+    # units of work: experts of one row class, at most `budget` elements of weights each
+    classes: dict[int, list[int]] = {}
+    for e in range(n_exp):
+        if counts[e] > 0:
+            classes.setdefault(_row_class(counts[e]), []).append(e)
+    units: list[tuple[int, list[int]]] = []
+    per_unit = max(1, budget // per_expert)
+    for rows in sorted(classes):
+        members = classes[rows]
+        for i in range(0, len(members), per_unit):
+            units.append((rows, members[i : i + per_unit]))
+    # the plan's starts and counts, in unit order, copied to the device once (the queue is empty after the sync)
+    plan = torch.tensor(
+        [[starts[e], counts[e]] for _, members in units for e in members], dtype=torch.int64
+    ).to(x.device)
+    x_ext = torch.cat([x, x.new_zeros(1, hidden)])
+    out = torch.zeros(tokens + 1, hidden, dtype=torch.float32, device=x.device)
+    done = 0
+    for rows, members in units:
+        n = len(members)
+        meta = plan[done : done + n]
+        done += n
+        j = torch.arange(rows, device=x.device)
+        pos = meta[:, :1] + j[None, :]
+        pos = torch.where(j[None, :] < meta[:, 1:], pos, pairs)  # [n, rows]: pair index, or the padding slot
+        tok = token_sorted[pos].reshape(-1)
+        wts = weight_sorted[pos].reshape(-1, 1)
+        xs = x_ext.index_select(0, tok).view(n, rows, hidden)
+        w_in = torch.empty(n, hidden, (2 if gated else 1) * width, dtype=torch.float16, device=x.device)
+        w_down = torch.empty(n, width, hidden, dtype=torch.float16, device=x.device)
+        _reconstruct_experts(module, experts, members, "gate", w_in[:, :, :width])
+        if gated:
+            _reconstruct_experts(module, experts, members, "up", w_in[:, :, width:])
+        _reconstruct_experts(module, experts, members, "down", w_down)
+        g = torch.bmm(xs, w_in)
+        h = act(g[..., :width].float())
+        if gated:
+            h = h * g[..., width:].float()
+        if intermediate is not None and intermediate < width:
+            h[..., intermediate:] = 0.0
+        y = torch.bmm(h.to(x.dtype), w_down)
+        out.index_add_(0, tok, y.view(n * rows, hidden).float() * wts)
+    return out[:tokens].to(x.dtype)
 
-    def size(e: int) -> int:
-        return sum(256 * int(p[0].shape[0]) * int(p[0].shape[1]) for n, p in experts[e].items() if n in names)
 
-    routed = [e for e in range(n_exp) if counts[e] > 0]
-    batches: list[list[int]] = []
-    held = 0
-    for e in routed:
-        if batches and held + size(e) <= budget:
-            batches[-1].append(e)
-            held += size(e)
-        else:
-            batches.append([e])
-            held = size(e)
-    for batch in batches:
-        projections = [(e, n) for e in batch for n in names if n in experts[e]]
-        layers = []
-        for e, n in projections:
-            trellis, suh, svh, codebook = experts[e][n]
-            layers.append(
-                (trellis, suh, svh, codebook if isinstance(codebook, int) else _codebook_id(codebook))
-            )
-        w = dict(zip(projections, weights(layers), strict=True))
-        for e in batch:
-            tok = token_sorted[starts[e] : starts[e + 1]]
-            xe = x.index_select(0, tok)
-            h = act(torch.matmul(xe, w[(e, "gate")]).float())
-            if (e, "up") in w:
-                h = h * torch.matmul(xe, w[(e, "up")]).float()
-            if intermediate is not None and intermediate < h.shape[1]:
-                h[:, intermediate:] = 0.0
-            y = torch.matmul(h.to(x.dtype), w[(e, "down")]).float()
-            out.index_add_(0, tok, y * weight_sorted[starts[e] : starts[e + 1], None])
-    return out.to(x.dtype)
+def _reconstruct_experts(
+    module: ModuleType,
+    experts: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]],
+    members: Sequence[int],
+    name: str,
+    out: torch.Tensor,
+) -> None:
+    """W of projection ``name`` of ``members`` into ``out[i]``: one launch per run of members that share rate and
+    codebook (a layer of one K: one launch)."""
+    i = 0
+    while i < len(members):
+        trellis, _, _, codebook = experts[members[i]][name]
+        cb = codebook if isinstance(codebook, int) else _codebook_id(codebook)
+        j = i + 1
+        while j < len(members):
+            t, _, _, c = experts[members[j]][name]
+            if t.shape != trellis.shape or (c if isinstance(c, int) else _codebook_id(c)) != cb:
+                break
+            j += 1
+        run = [experts[members[k]][name] for k in range(i, j)]
+        module.reconstruct_into(
+            [p[0].contiguous() for p in run],
+            [p[1].contiguous() for p in run],
+            [p[2].contiguous() for p in run],
+            cb,
+            out[i:j],
+            0,
+        )
+        i = j
 
 
 def _main(argv: list[str]) -> int:

@@ -210,8 +210,20 @@ def test_moe_prefill_is_the_routed_sum(stand_in: StandIn) -> None:
         x, topk_ids, topk_weights, experts, "silu", scratch_elements=1
     )  # one expert per batch
     assert _rel(y1, y) < 1e-6
-    # per expert: gate and up share one launch (same shape and codebook), down has its own
-    assert [c[1] for c in stand_in.calls] == [2, 1] * len(routed)
+    # one expert per unit: gate, up and down one launch each
+    assert [c[1] for c in stand_in.calls] == [1, 1, 1] * len(routed)
+
+
+def test_row_classes_bound_the_padding() -> None:
+    """Experts are padded to a few row classes for the batched GEMMs: never fewer rows than routed, at most 25%
+    more above 64 rows (16-row steps below), and a 2048-token fat expert lands in a class of its own."""
+    previous = 0
+    for count in range(1, 5000):
+        rows = cuda._row_class(count)
+        assert rows >= count and rows % 16 == 0 and rows >= previous
+        assert rows <= (max(16, -(-count // 16) * 16) if count <= 64 else 1.25 * count + 16)
+        previous = rows
+    assert len({cuda._row_class(c) for c in range(1, 2049)}) < 24
 
 
 def test_moe_prefill_cuts_a_padded_intermediate(stand_in: StandIn) -> None:
