@@ -6,8 +6,8 @@ which need only torch and our ops, on every EXL3 layer of the tiny dense and MoE
 ``sparkctl_exl3.checkpoint`` (the same tensors ``sparkctl up tiny-exl3`` serves on the CPU):
 
 1. every linear (mixed K 2..6 and 2.5, all three codebooks, the lm_head) at 1, 4, 8 rows (the GEMV kernel's
-   range) and 33 rows (the op's fallback), CUDA vs CPU;
-2. every MoE layer's ``exl3_moe_forward`` with random top-2 routing, CUDA vs CPU;
+   range), 33 and 300 rows (the prefill path: reconstruct + cuBLAS), CUDA vs CPU;
+2. every MoE layer's ``exl3_moe_forward`` with random top-2 routing, CUDA vs CPU (300 tokens: the MoE prefill);
 3. decode under CUDA graphs: one linear and one MoE layer captured at 1 row, replayed with new inputs and new
    routing, equal to the eager CUDA result. Capture fails on any host synchronisation, so this also proves
    the decode path has none.
@@ -49,7 +49,7 @@ from sparkctl_exl3.vllm_plugin.forward import (  # noqa: E402
 
 LINEAR_TOL = 5e-3
 MOE_TOL = 1e-2
-ROWS = (1, 4, 8, 33)
+ROWS = (1, 4, 8, 33, 300)
 VOCAB = 640  # the tiny tokenizer's vocabulary (sparkctl.models.tiny.VOCAB_SIZE)
 
 

@@ -303,3 +303,28 @@ def test_op_sends_more_than_8_rows_to_the_prefill_path(op_kernel: types.SimpleNa
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_plugin_moe_prefill_maps_global_ids_and_matches_the_cpu_path(stand_in: StandIn) -> None:
+    """vllm_plugin.forward._moe_prefill (what exl3_moe_forward runs on CUDA for prefill-sized calls): global expert
+    ids of this rank mapped to its experts, other ranks' ids dropped; equal to the plugin's CPU path."""
+    from sparkctl_exl3.vllm_plugin import forward
+
+    experts_raw = _experts(128, 256, 3)
+
+    def shard(p: tuple) -> forward.ShardWeights:
+        return forward.ShardWeights(p[0], p[1], p[2], p[3], ref.bits_of(p[0]))
+
+    experts = [forward.ExpertWeights(shard(e["gate"]), shard(e["up"]), shard(e["down"])) for e in experts_raw]
+    expert_ids = [4, 7, 9]  # this rank's experts; 0..3, 5, 6, 8 belong to other ranks
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(30, 128, generator=gen)
+    topk_ids = torch.tensor([4, 7, 9, 0, 5, 11], dtype=torch.int32)[
+        torch.randint(0, 6, (30, 2), generator=gen)
+    ]
+    topk_weights = torch.rand(30, 2, generator=gen)
+    kw = {"hidden": 128, "intermediate": 256, "activation": "silu"}
+    expected = forward.exl3_moe_forward(x, topk_weights, topk_ids, experts, expert_ids, **kw)  # the CPU path
+    y = forward._moe_prefill(x, topk_weights, topk_ids, experts, expert_ids, 128, 256, "silu")
+    assert y is not None and y.dtype == x.dtype and y.shape == (30, 128)
+    assert _rel(y, expected) < 5e-3

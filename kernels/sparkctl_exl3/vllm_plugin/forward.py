@@ -6,8 +6,9 @@ methods in ``linear.py`` / ``moe.py`` only adapt vLLM's layer objects to it. Tha
 the very functions the plugin's ``apply`` methods call, on CUDA and on the CPU.
 
 The MoE forward is one function, :func:`exl3_moe_forward`, so a fused EXL3 MoE kernel can replace it
-without touching the rest. Neither path reads routing values on the host or branches on them (the routing
-tensors are only indexed, multiplied and compared), so both are safe under CUDA graphs and torch.compile:
+without touching the rest. No decode path reads routing values on the host or branches on them (the routing
+tensors are only indexed, multiplied and compared), so they are safe under CUDA graphs and torch.compile; the
+CUDA prefill path reads the per-expert counts once and is never taken during a graph capture:
 
 * CPU (the reference decoder): only the routed experts are computed. The layer's experts are stacked per
   projection (:func:`stack_experts`, once at load time), every (token, slot) pair gathers its expert by id
@@ -15,8 +16,12 @@ tensors are only indexed, multiplied and compared), so both are safe under CUDA 
   top_k decodes per token instead of one per local expert.
 * CUDA, mul1 experts (every exllamav3 model since 1.0), up to :data:`FUSED_MAX_TOKENS` tokens: the fused MoE decode
   (``sparkctl_exl3.cuda.moe``): only the routed experts, found on the device from the routing ids, in three launches.
-* CUDA otherwise (other codebooks, more tokens, router weight on the input): every local expert runs on every token
-  through the EXL3 op and is weighted by that token's routing weight for it (zero when not routed).
+* CUDA, prefill-sized calls (more tokens than the fused decode takes, or more than :data:`PREFILL_MIN_TOKENS`
+  without it), outside CUDA-graph capture: ``sparkctl_exl3.cuda.moe_prefill``, only the routed experts,
+  reconstructed to fp16 and run as batched GEMMs after one host sync for the per-expert counts (prefill runs eager).
+* CUDA otherwise (decode without the fused kernel, a graph capture, router weight on the input): every local expert
+  runs on every token through the EXL3 op and is weighted by that token's routing weight for it (zero when not
+  routed).
 """
 
 from __future__ import annotations
@@ -218,6 +223,55 @@ def _moe_routed(
 FUSED_MAX_TOKENS = 64
 
 
+#: Fewer tokens than this never take the MoE prefill (``cuda.moe_prefill``): the per-expert GEMV path is graph-safe.
+PREFILL_MIN_TOKENS = 8
+
+
+def _moe_prefill(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: Sequence[ExpertWeights],
+    expert_ids: Sequence[int],
+    hidden: int,
+    intermediate: int,
+    activation: str,
+) -> torch.Tensor | None:
+    """Prefill-sized calls through ``cuda.moe_prefill`` (routed experts only, reconstructed and run as batched
+    GEMMs; one host sync for the counts, so never while a CUDA graph is being captured), or None when the
+    extension cannot take them (the per-expert loop runs instead)."""
+    try:
+        from .. import cuda
+    except ImportError:
+        return None
+    if not cuda.available() or not hasattr(cuda, "moe_prefill") or activation not in cuda.PREFILL_ACTIVATIONS:
+        return None
+    table = [
+        {
+            tag: (w.trellis, w.suh, w.svh, w.codebook)
+            for tag, w in (("gate", e.gate), ("up", e.up), ("down", e.down))
+            if w is not None
+        }
+        for e in experts
+    ]
+    # global expert id -> index into `experts`; other ranks' ids (and ids past the table) become -1: they add nothing
+    top = max(expert_ids) + 1
+    lookup = torch.full((top + 1,), -1, dtype=torch.int64, device=x.device)
+    lookup[torch.tensor(list(expert_ids), dtype=torch.int64, device=x.device)] = torch.arange(
+        len(expert_ids), device=x.device
+    )
+    ids = topk_ids.to(torch.int64)
+    local = lookup[torch.where((ids >= 0) & (ids < top), ids, top)]
+    stored_in = experts[0].gate.suh.shape[-1]
+    xs = x.to(torch.float16)
+    if xs.shape[-1] < stored_in:
+        xs = F.pad(xs, (0, stored_in - xs.shape[-1]))
+    y = cuda.moe_prefill(xs, local, topk_weights, table, activation, intermediate=intermediate)
+    if y.shape[-1] > hidden:
+        y = y[..., :hidden]
+    return y.to(x.dtype)
+
+
 def fused_tables(
     experts: Sequence[ExpertWeights], expert_ids: Sequence[int], *, hidden: int, intermediate: int
 ) -> object | None:
@@ -262,8 +316,9 @@ def exl3_moe_forward(
 
     ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. On the CPU only the
     routed experts are computed, from ``stack`` (``stack_experts(experts)``; made here when not given). On CUDA,
-    ``fused`` (:func:`fused_tables`, made once at load time) takes decode-sized calls through the fused kernel; the
-    other calls loop over the experts this rank holds (a fixed Python list), never over routing values.
+    ``fused`` (:func:`fused_tables`, made once at load time) takes decode-sized calls through the fused kernel,
+    prefill-sized calls go through ``cuda.moe_prefill`` (one host sync, never during a graph capture); the other
+    calls loop over the experts this rank holds (a fixed Python list), never over routing values.
     """
     if not x.is_cuda:
         return _moe_routed(
@@ -283,6 +338,15 @@ def exl3_moe_forward(
         out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
         y = cuda.moe(x.to(torch.float16), topk_ids, topk_weights, fused, activation, out_dtype=out_dtype)  # type: ignore[arg-type]
         return y.to(x.dtype)
+    prefill_from = FUSED_MAX_TOKENS if fused is not None else PREFILL_MIN_TOKENS
+    if (
+        not apply_router_weight_on_input
+        and x.shape[0] > prefill_from
+        and not torch.cuda.is_current_stream_capturing()
+    ):
+        y = _moe_prefill(x, topk_weights, topk_ids, experts, expert_ids, hidden, intermediate, activation)
+        if y is not None:
+            return y
     act = ACTIVATIONS[activation]
     dtype = op_dtype_for(x)
     out = torch.zeros(x.shape[0], hidden, dtype=torch.float32, device=x.device)
