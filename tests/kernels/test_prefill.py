@@ -114,27 +114,29 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> StandIn:
 
 def test_gemm_reconstructs_once_or_in_column_chunks(stand_in: StandIn) -> None:
     trellis, suh, svh = _layer(256, 640, 4, seed=1)
-    x = torch.randn(20, 256).half()
+    rows = cuda.PREFILL_MIN_ROWS
+    x = torch.randn(rows, 256).half()
     expected = ref.matmul(x, trellis, suh, svh, "mul1")
-    y = cuda.gemm(x, trellis, suh, svh, 2)  # 20 rows >= PREFILL_MIN_ROWS: one reconstruction
+    y = cuda.gemm(x, trellis, suh, svh, 2)  # the threshold's rows: one reconstruction
     assert stand_in.calls == [("reconstruct", 0, 640)]
-    assert y.shape == (20, 640) and y.dtype == torch.float16 and _rel(y, expected) < 2e-3
+    assert y.shape == (rows, 640) and y.dtype == torch.float16 and _rel(y, expected) < 2e-3
     stand_in.calls.clear()
     y = cuda.gemm(x, trellis, suh, svh, 2, chunk_elements=256 * 300)  # 256 columns per chunk: 256 + 256 + 128
     assert stand_in.calls == [("into", 1, 2, 0, 256), ("into", 1, 2, 256, 256), ("into", 1, 2, 512, 128)]
     assert _rel(y, expected) < 2e-3
     stand_in.calls.clear()
-    y = cuda.gemm(x, trellis, suh, svh, 2, min_rows=21)  # below the threshold: the GEMV (in groups of 8)
-    assert stand_in.calls == [("gemv", 20)]
+    y = cuda.gemm(x, trellis, suh, svh, 2, min_rows=rows + 1)  # below the threshold: the GEMV (groups of 8)
+    assert stand_in.calls == [("gemv", rows)]
     assert _rel(y, expected) < 2e-3
 
 
 def test_gemm_refuses_what_the_kernel_cannot_take(stand_in: StandIn) -> None:
     trellis, suh, svh = _layer(256, 384, 4, seed=2)
+    rows = cuda.PREFILL_MIN_ROWS
     with pytest.raises(RuntimeError, match="x must be float16"):
-        cuda.gemm(torch.randn(20, 256), trellis, suh, svh, 2)
+        cuda.gemm(torch.randn(rows, 256), trellis, suh, svh, 2)
     with pytest.raises(RuntimeError, match="x has 128 features but the trellis has 256"):
-        cuda.gemm(torch.randn(20, 128).half(), trellis, suh, svh, 2)
+        cuda.gemm(torch.randn(rows, 128).half(), trellis, suh, svh, 2)
     with pytest.raises(ValueError, match="x must be 2-D"):
         cuda.gemm(torch.randn(2, 20, 256).half(), trellis, suh, svh, 2)
     assert stand_in.calls == []
