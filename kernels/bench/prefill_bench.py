@@ -230,7 +230,7 @@ def check_errors(ck: Checks, gen: torch.Generator) -> None:
     for label, fn, want in cases:
         try:
             fn()
-        except (RuntimeError, ValueError) as exc:
+        except (RuntimeError, ValueError, TypeError) as exc:
             msg = str(exc).splitlines()[0]
             ck.add(f"error: {label}", float(want not in msg), 0.0, note=msg[:160])
         else:
