@@ -163,12 +163,15 @@ def model_block(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, cod
                     bmat = _b_from_lanes(ha[h], ha[h + 2])
                     u = _mma(a_lo, bmat, _mma(a_hi, bmat, torch.zeros(16, 8)))
                     rows = 32 * rnd + 16 * s
-                    xbuf_all[rows : rows + 16, 16 * warp + 8 * h : 16 * warp + 8 * h + 8] = u
+                    for r in range(16):  # the XOR swizzle: halves swapped in rows with bit 1 of (row & 7) set
+                        col = 16 * warp + ((8 * h) ^ (((r & 7) >> 1 & 1) * 8))
+                        xbuf_all[rows + r, col : col + 8] = u[r]
     out = torch.zeros(128, 128, dtype=torch.float16)
     for rnd in range(4):
         for tid in range(256):
             xrow, xcol = tid >> 3, (tid & 7) * 2
-            v = torch.stack([xbuf_all[32 * rnd + xrow, 16 * w + xcol : 16 * w + xcol + 2] for w in range(8)])
+            xsw = xcol ^ (((xrow >> 1) & 1) * 8)
+            v = torch.stack([xbuf_all[32 * rnd + xrow, 16 * w + xsw : 16 * w + xsw + 2] for w in range(8)])
             for sstep in (1, 2, 4):  # fwht8, natural order
                 for i in range(8):
                     if i & sstep:

@@ -39,7 +39,7 @@ constexpr int kMinBlocks = 2;    // register budget: 65536 / (256 * 2) = 128 per
 constexpr int kMaxLayers = 32;   // layers per launch, passed by value (32 x 32 bytes of kernel arguments)
 constexpr int kRoundRows = 32;   // rows of a block exchanged through shared memory at a time (two 16-row slabs)
 // floats per exchange row: 144 = 16 mod 32, so a half-warp's float2 reads of two rows hit 32 distinct banks, and the
-// stage-2 stores are conflict-free with the n-half swap of store_exchange.
+// stage-2 stores are conflict-free with the XOR swizzle of the two 8-column halves (see the stores).
 constexpr int kXStride = 144;
 constexpr float kInv128 = 1.0f / 128.0f;  // the two 1/sqrt(128) of SPEC 4, exact
 
@@ -253,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
   }
   // The read phase's item: one row of a round, one column pair of every column tile.
   const int xrow = tid >> 3, xcol = (tid & 7) * 2;
+  const int xcol_swz = xcol ^ (((xrow >> 1) & 1) * 8);  // where the stores above put it (row & 7 = g there)
 
   int item = blockIdx.x;
   if (item >= p.items) return;
@@ -331,23 +332,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
           mma_16816(u[h], ahi, ha[h], ha[h + 2]);
           mma_16816(u[h], alo, ha[h], ha[h + 2]);
         }
-        // Rows 16s + g and 16s + g + 8, columns 16*warp + 8h + 2c. Lanes with g >= 2 store the other n-half first:
-        // a half-warp's 64-bit stores then cover all 32 banks.
-        const int swap = (g >> 1) & 1;
+        // Rows 16s + g and 16s + g + 8, columns 16*warp + 8h + 2c, the two 8-column halves of a tile swapped in rows
+        // with bit 1 of (row & 7) set (an XOR swizzle the read below undoes): a half-warp's 64-bit stores then cover
+        // all 32 banks, with no data select.
+        const int swz = ((g >> 1) & 1) * 8;
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int h = j ^ swap;
-          const float2 top = make_float2(h ? u[1][0] : u[0][0], h ? u[1][1] : u[0][1]);
-          const float2 bot = make_float2(h ? u[1][2] : u[0][2], h ? u[1][3] : u[0][3]);
-          float* at = xbuf + (16 * s + g) * kXStride + 16 * warp + 8 * h + 2 * c;
-          *reinterpret_cast<float2*>(at) = top;
-          *reinterpret_cast<float2*>(at + 8 * kXStride) = bot;
+        for (int h = 0; h < 2; ++h) {
+          float* at = xbuf + (16 * s + g) * kXStride + 16 * warp + ((8 * h) ^ swz) + 2 * c;
+          *reinterpret_cast<float2*>(at) = make_float2(u[h][0], u[h][1]);
+          *reinterpret_cast<float2*>(at + 8 * kXStride) = make_float2(u[h][2], u[h][3]);
         }
       }
       __syncthreads();
       float2 v[8];
 #pragma unroll
-      for (int w = 0; w < 8; ++w) v[w] = *reinterpret_cast<const float2*>(xbuf + xrow * kXStride + 16 * w + xcol);
+      for (int w = 0; w < 8; ++w) v[w] = *reinterpret_cast<const float2*>(xbuf + xrow * kXStride + 16 * w + xcol_swz);
       fwht8(v);
       const int k = it.kb * 128 + kRoundRows * round + xrow;
       // the layer's pointers are read here, where they are used (held across stage 1 they made ptxas spill)
