@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <atomic>
+
 // float2 + and - for the read phase's butterfly (two columns at once).
 __device__ __forceinline__ float2 operator+(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float2 operator-(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
@@ -371,6 +373,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
 
 thread_local char g_error[256];
 
+// Resident blocks per (device, k2, codebook) instance (0 = not asked yet); the attribute set by the first launch on
+// a device holds for the rest of the process.
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_resident[kMaxDevices][17][3];
+
 int fail_cuda(cudaError_t e, const char* what) {
   snprintf(g_error, sizeof(g_error), "EXL3 reconstruct: %s failed: %s", what, cudaGetErrorString(e));
   return EXL3_ERR_CUDA;
@@ -432,17 +439,25 @@ extern "C" int exl3_recon_launch(const Exl3ReconParams* p, cudaStream_t stream) 
   KernelFn fn = nullptr;
   int smem = 0;
   if (!select(p->k2, p->codebook, &fn, &smem)) return EXL3_ERR_BITS;
-  int dev = 0, sms = 0, per_sm = 0;
+  int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
-  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
   const void* f = reinterpret_cast<const void*>(fn);
-  e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, kThreads, smem);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  if (per_sm < 1) per_sm = 1;
+  // resident blocks of the grid, asked of the runtime once per (device, instance): later launches (CUDA-graph
+  // captures included) make no attribute call
+  std::atomic<int>* cached = dev >= 0 && dev < kMaxDevices ? &g_resident[dev][p->k2][p->codebook] : nullptr;
+  int resident = cached != nullptr ? cached->load(std::memory_order_acquire) : 0;
+  if (resident == 0) {
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
+    e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, kThreads, smem);
+    if (e != cudaSuccess) return fail_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    resident = sms * (per_sm < 1 ? 1 : per_sm);
+    if (cached != nullptr) cached->store(resident, std::memory_order_release);
+  }
   const int kblocks = p->in_features / 128, nblocks = p->cols / 128;
   for (int first = 0; first < p->n_layers; first += kMaxLayers) {
     const int n = p->n_layers - first < kMaxLayers ? p->n_layers - first : kMaxLayers;
@@ -462,7 +477,6 @@ extern "C" int exl3_recon_launch(const Exl3ReconParams* p, cudaStream_t stream) 
     const long long items = static_cast<long long>(n) * kblocks * nblocks;
     if (items > 0x7FFFFFFFLL) return EXL3_RECON_ERR_COLUMNS;
     a.items = static_cast<int>(items);
-    const long long resident = static_cast<long long>(sms) * per_sm;
     const int grid = static_cast<int>(items < resident ? items : resident);
     void* args[] = {&a};
     e = cudaLaunchKernel(f, dim3(grid), dim3(kThreads), args, static_cast<size_t>(smem), stream);
