@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Name of the compiled module (bump the suffix when the binding's signature changes, so stale caches are ignored).
-EXTENSION_NAME = "sparkctl_exl3_cuda_v4"
+EXTENSION_NAME = "sparkctl_exl3_cuda_v5"
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _lock = threading.Lock()

@@ -284,3 +284,10 @@ def test_the_build_command_explains_itself_and_rejects_anything_else() -> None:
     assert "usage: python -m sparkctl_exl3.cuda build" in helped.stdout and "compile" in helped.stdout
     wrong = run("bogus")
     assert wrong.returncode == 2 and "usage: python -m sparkctl_exl3.cuda build" in wrong.stderr
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
+def test_ngram_lookup_kernel_is_built(nvcc_build: tuple[Path, str], arch: str) -> None:
+    """`make kernels` builds the n-gram (PLE) lookup kernel too (its spills are checked with the others above)."""
+    _, stdout = nvcc_build
+    assert any(line.split()[:2] == [arch, "ngram_lookup_kernel"] for line in stdout.splitlines())
