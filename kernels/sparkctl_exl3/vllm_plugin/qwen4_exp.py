@@ -49,8 +49,9 @@ def draft_quant_config(vllm_config: Any) -> Any:
 
 @contextmanager
 def exl3_construction(quant_config: Any, model_module: ModuleType) -> Iterator[None]:
-    """While vLLM's Qwen4Exp constructor runs: lm_heads made in ``model_module`` get ``quant_config``, and the
-    PLE table's method comes from ``quant_config.ngram_method``. A no-op unless ``quant_config`` is EXL3."""
+    """While vLLM's Qwen4Exp constructor runs: lm_heads made in ``model_module`` (the module of vLLM's model class,
+    whose ``ParallelLMHead`` name it looks up) get ``quant_config``, and the PLE table's method comes from
+    ``quant_config.ngram_method``. A no-op unless ``quant_config`` is EXL3."""
     if not isinstance(quant_config, EXL3Config):
         yield
         return
@@ -58,7 +59,7 @@ def exl3_construction(quant_config: Any, model_module: ModuleType) -> Iterator[N
 
     with _LOCK:
         original_pick = Qwen4ExpPLEEmbeddingMethod.__dict__["from_quant_config"]
-        original_head = model_module.ParallelLMHead
+        original_head = getattr(model_module, "ParallelLMHead", None)
         head_config = quant_config
 
         def pick(config: Any, prefix: str, embedding_dtype: str | None = None) -> Any:
@@ -66,19 +67,22 @@ def exl3_construction(quant_config: Any, model_module: ModuleType) -> Iterator[N
                 return config.ngram_method(prefix)
             return original_pick.__func__(config, prefix, embedding_dtype)
 
-        class EXL3AwareLMHead(original_head):  # type: ignore[misc, valid-type]
-            """vLLM's ParallelLMHead, given the EXL3 config where vLLM's Qwen4Exp passes none."""
-
-            def __init__(self, *args: Any, quant_config: Any = None, **kwargs: Any) -> None:
-                super().__init__(*args, quant_config=quant_config or head_config, **kwargs)
-
         Qwen4ExpPLEEmbeddingMethod.from_quant_config = staticmethod(pick)
-        model_module.ParallelLMHead = EXL3AwareLMHead
+        if original_head is not None:
+
+            class EXL3AwareLMHead(original_head):  # type: ignore[misc, valid-type]
+                """vLLM's ParallelLMHead, given the EXL3 config where vLLM's Qwen4Exp passes none."""
+
+                def __init__(self, *args: Any, quant_config: Any = None, **kwargs: Any) -> None:
+                    super().__init__(*args, quant_config=quant_config or head_config, **kwargs)
+
+            model_module.ParallelLMHead = EXL3AwareLMHead
         try:
             yield
         finally:
             Qwen4ExpPLEEmbeddingMethod.from_quant_config = original_pick
-            model_module.ParallelLMHead = original_head
+            if original_head is not None:
+                model_module.ParallelLMHead = original_head
 
 
 def skip_split_vision_qkv(
