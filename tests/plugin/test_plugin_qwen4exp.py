@@ -211,6 +211,44 @@ def test_split_vision_qkv_is_skipped_for_the_fused_copy(pack, exl3_config) -> No
     assert "model.language_model.embed_tokens.weight" in names
 
 
+#: where the stand-in below looks ParallelLMHead up, as vLLM's model modules do (set by the test)
+ParallelLMHead = None
+
+
+class _Qwen4ExpLike(torch.nn.Module):
+    """The construction pattern of vLLM's Qwen4Exp classes (which cannot be imported on this CPU build): keyword
+    ``vllm_config`` and ``prefix``, an lm_head made from the module-level ``ParallelLMHead`` without quant_config."""
+
+    def __init__(self, *, vllm_config, prefix: str = "model") -> None:
+        super().__init__()
+        self.lm_head = ParallelLMHead(512, 256, prefix="language_model.lm_head")
+        self.seen: list[str] = []
+
+    def load_weights(self, weights) -> set[str]:
+        self.seen = [n for n, _ in weights]
+        return set(self.seen)
+
+
+def test_model_class_keeps_vllms_signature_and_hooks_construction(pack, exl3_config) -> None:
+    import inspect
+
+    from sparkctl_exl3.vllm_plugin.linear import EXL3LinearMethod
+    from sparkctl_exl3.vllm_plugin.qwen4_exp import exl3_model_class
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead as VllmHead
+
+    global ParallelLMHead
+    ParallelLMHead = VllmHead
+    cls = exl3_model_class(_Qwen4ExpLike)
+    params = inspect.signature(cls.__init__).parameters
+    assert "vllm_config" in params and params["prefix"].default == "model"  # vLLM's loader requires both
+    model = cls(vllm_config=types.SimpleNamespace(quant_config=exl3_config, speculative_config=None))
+    assert isinstance(model.lm_head.quant_method, EXL3LinearMethod) and ParallelLMHead is VllmHead
+    _, overlay, _, _ = pack
+    model.load_weights((f"model.{n}", t) for n, t in _weights(overlay, "model"))
+    assert "model.visual.blocks.0.attn.qkv.weight" in model.seen
+    assert not any(".attn.q." in n for n in model.seen)
+
+
 def test_register_points_vllm_at_our_qwen4exp_classes(vllm_env) -> None:
     from vllm import ModelRegistry
 

@@ -16,8 +16,10 @@ so the hooks are tested on the CPU against vLLM's own PLE, lm_head and loader cl
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -114,3 +116,38 @@ def check_ngram_tables(model: nn.Module) -> None:
     for module in model.modules():
         if hasattr(module, "ngram_heads_offsets") and hasattr(module, "ngram_embedding"):
             check_ngram_hashing(module)
+
+
+def exl3_model_class(base: type, *, draft: bool = False) -> type:
+    """vLLM's model class ``base`` constructed inside :func:`exl3_construction` and loaded through the filters.
+
+    The constructor keeps vLLM's keyword signature, ``prefix`` with vLLM's default included: vLLM's loader
+    checks for ``vllm_config`` and ``prefix`` parameters and treats any other class as an old-style one. The hook
+    swaps ``ParallelLMHead`` in the module ``base`` is defined in (its constructor's globals). ``draft``: the MTP
+    drafter, whose lm_head gets the draft's own quantization config, as vLLM gives its other layers.
+    """
+    module = sys.modules[base.__module__]
+    default_prefix = inspect.signature(base.__init__).parameters["prefix"].default
+
+    def __init__(self: Any, *, vllm_config: Any, prefix: str = default_prefix) -> None:
+        quant = draft_quant_config(vllm_config) if draft else vllm_config.quant_config
+        with exl3_construction(quant, module):
+            base.__init__(self, vllm_config=vllm_config, prefix=prefix)
+        self._exl3_quant = quant
+
+    def load_weights(self: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = base.load_weights(self, skip_split_vision_qkv(weights, self._exl3_quant))
+        check_ngram_tables(self)
+        return loaded
+
+    return type(
+        base.__name__,
+        (base,),
+        {
+            "__init__": __init__,
+            "load_weights": load_weights,
+            "__module__": "sparkctl_exl3.vllm_plugin.qwen4_exp_models",
+            "__qualname__": base.__name__,
+            "__doc__": f"vLLM's {base.__name__} with the exl3 plugin's construction hook and load filters.",
+        },
+    )

@@ -11,40 +11,12 @@ Importing this module imports vLLM's Qwen4Exp, whose vision tower needs torchvis
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable
-from typing import Any
-
-import torch
 import vllm.models.qwen4_exp as _qwen4_exp
 
-from .qwen4_exp import check_ngram_tables, draft_quant_config, exl3_construction, skip_split_vision_qkv
+from .qwen4_exp import exl3_model_class
 
 __all__ = ["Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP"]
 
-
-def _subclass(name: str, *, draft: bool = False) -> type:
-    base = getattr(_qwen4_exp, name)
-    module = sys.modules[base.__module__]
-
-    def __init__(self: Any, *, vllm_config: Any, **kwargs: Any) -> None:
-        quant = draft_quant_config(vllm_config) if draft else vllm_config.quant_config
-        with exl3_construction(quant, module):
-            base.__init__(self, vllm_config=vllm_config, **kwargs)
-        self._exl3_quant = quant
-
-    def load_weights(self: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = base.load_weights(self, skip_split_vision_qkv(weights, self._exl3_quant))
-        check_ngram_tables(self)
-        return loaded
-
-    return type(
-        name,
-        (base,),
-        {"__init__": __init__, "load_weights": load_weights, "__module__": __name__, "__qualname__": name},
-    )
-
-
-Qwen4ExpForConditionalGeneration = _subclass("Qwen4ExpForConditionalGeneration")
-Qwen4ExpForCausalLM = _subclass("Qwen4ExpForCausalLM")
-Qwen4ExpMTP = _subclass("Qwen4ExpMTP", draft=True)
+Qwen4ExpForConditionalGeneration = exl3_model_class(_qwen4_exp.Qwen4ExpForConditionalGeneration)
+Qwen4ExpForCausalLM = exl3_model_class(_qwen4_exp.Qwen4ExpForCausalLM)
+Qwen4ExpMTP = exl3_model_class(_qwen4_exp.Qwen4ExpMTP, draft=True)
