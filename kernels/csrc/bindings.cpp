@@ -13,6 +13,7 @@
 
 #include "exl3_gemv.h"
 #include "exl3_recon.h"
+#include "exl3_ngram.h"
 
 namespace {
 
@@ -434,6 +435,39 @@ bool recon_supports(int64_t in_features, int64_t out_features, int64_t k2, int64
                              static_cast<int>(codebook)) == EXL3_OK;
 }
 
+// --- n-gram (PLE) lookup ---
+// out[r] = the packed table's row rows[r] decoded to fp16, for the rows in [row_base, row_base + table.size(0));
+// a sharded table is one call per shard into the same out (rows of other shards are left as they are).
+void ngram_lookup(const torch::Tensor& rows, const torch::Tensor& table, int64_t row_base,
+                  const torch::Tensor& head_offsets, const torch::Tensor& head_bias, const torch::Tensor& out) {
+  TORCH_CHECK(rows.is_cuda() && table.is_cuda() && head_offsets.is_cuda() && head_bias.is_cuda() && out.is_cuda(),
+              "n-gram lookup: rows, table, head_offsets, head_bias and out must all be CUDA tensors");
+  TORCH_CHECK(rows.device() == table.device() && head_offsets.device() == table.device() &&
+                  head_bias.device() == table.device() && out.device() == table.device(),
+              "n-gram lookup: all tensors must be on one device");
+  TORCH_CHECK(rows.scalar_type() == torch::kLong && rows.dim() == 1 && rows.is_contiguous(),
+              "n-gram lookup: rows must be contiguous int64 [N], got " + dtype_name(rows) + " " + dims(rows));
+  TORCH_CHECK(table.scalar_type() == torch::kShort && table.dim() == 2 && table.is_contiguous(),
+              "n-gram lookup: table must be contiguous int16 [rows, words], got " + dtype_name(table) + " " + dims(table));
+  TORCH_CHECK(head_offsets.scalar_type() == torch::kLong && head_offsets.dim() == 1 && head_offsets.is_contiguous(),
+              "n-gram lookup: head_offsets must be contiguous int64 [heads]");
+  const int64_t heads = head_offsets.size(0);
+  TORCH_CHECK(head_bias.scalar_type() == torch::kHalf && head_bias.dim() == 2 && head_bias.size(0) == heads &&
+                  head_bias.is_contiguous(),
+              "n-gram lookup: head_bias must be contiguous float16 [" + num(heads) + ", dim], got " + dims(head_bias));
+  const int64_t dim = head_bias.size(1);
+  TORCH_CHECK(out.scalar_type() == torch::kHalf && out.dim() == 2 && out.size(0) == rows.size(0) &&
+                  out.size(1) == dim && out.is_contiguous(),
+              "n-gram lookup: out must be contiguous float16 [" + num(rows.size(0)) + ", " + num(dim) + "]");
+  const c10::cuda::CUDAGuard guard(table.device());
+  const int st = exl3_ngram_lookup_launch(
+      rows.data_ptr<int64_t>(), rows.size(0), table.data_ptr<int16_t>(), row_base, table.size(0),
+      static_cast<int>(table.size(1)), head_offsets.data_ptr<int64_t>(), static_cast<int>(heads),
+      head_bias.data_ptr(), static_cast<int>(dim), out.data_ptr(), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(st == EXL3_NGRAM_OK, std::string(exl3_ngram_error_string(st)) + " (table " + dims(table) + ", dim " +
+                                      num(dim) + ")");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -470,4 +504,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook_id"), py::arg("out"), py::arg("col0") = 0);
   m.def("recon_supports", &recon_supports, "whether a layer of this shape, rate and codebook can be reconstructed",
         py::arg("in_features"), py::arg("out_features"), py::arg("k2"), py::arg("codebook_id"));
+  // --- n-gram (PLE) lookup ---
+  m.def("ngram_lookup", &ngram_lookup, "decode rows of a packed n-gram (PLE) table shard into out (fp16 [N, dim])",
+        py::arg("rows"), py::arg("table"), py::arg("row_base"), py::arg("head_offsets"), py::arg("head_bias"),
+        py::arg("out"));
 }
+

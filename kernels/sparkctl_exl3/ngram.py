@@ -44,6 +44,7 @@ __all__ = [
     "NgramTable",
     "dequant_rows",
     "load_table",
+    "lookup_reference",
     "ngram_lookup",
     "pack_rows",
     "save_table",
@@ -70,6 +71,14 @@ def bits_of(words: int, dim: int = ROW_DIM) -> int:
     if rest or not 1 <= bits <= 8:
         raise ValueError(f"a row of {words} int16 words is not a {dim}-wide n-gram ring at K in 1..8")
     return bits
+
+
+def bits_of_or_none(words: int, dim: int = ROW_DIM) -> int | None:
+    """:func:`bits_of`, or None where no K fits (for callers that word their own error)."""
+    try:
+        return bits_of(words, dim)
+    except ValueError:
+        return None
 
 
 @cache
@@ -201,8 +210,20 @@ def ngram_lookup(
     An opaque custom op (with a fake implementation) so a model compiled with torch.compile traces
     through the lookup, whose row de-duplication is data-dependent. Each distinct row is gathered from
     its shard and decoded once, then scattered back: the cost follows the rows looked up, never the
-    table's size. The reference on every device until a CUDA kernel is registered for it.
+    table's size. The reference (:func:`lookup_reference`) on every device; importing
+    ``sparkctl_exl3.ngram_cuda`` registers the CUDA kernel for CUDA tensors.
     """
+    return lookup_reference(rows, shards, head_offsets, head_bias, shard_rows)
+
+
+def lookup_reference(
+    rows: torch.Tensor,
+    shards: list[torch.Tensor],
+    head_offsets: torch.Tensor,
+    head_bias: torch.Tensor,
+    shard_rows: int,
+) -> torch.Tensor:
+    """The lookup in torch ops (any device): the oracle the CUDA kernel is checked against, bit for bit."""
     device = shards[0].device
     unique, inverse = torch.unique(rows.to(torch.int64), return_inverse=True)
     shard_of = unique // shard_rows

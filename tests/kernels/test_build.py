@@ -350,3 +350,10 @@ def test_reconstruction_refuses_bad_launches_on_the_host(
         status, message = line.split("|", 1)
         assert (int(status), want[1] in message) == (want[0], True), (case, line)
     assert lines[-1] == f"supports {EXL3_OK} {EXL3_ERR_CODEBOOK}"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
+def test_ngram_lookup_kernel_is_built(nvcc_build: tuple[Path, str], arch: str) -> None:
+    """`make kernels` builds the n-gram (PLE) lookup kernel too (its spills are checked with the others above)."""
+    _, stdout = nvcc_build
+    assert any(line.split()[:2] == [arch, "ngram_lookup_kernel"] for line in stdout.splitlines())

@@ -78,3 +78,38 @@ def test_settings_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_EXL3_LOG_LAYERS", "yes")
     with pytest.raises(ValueError, match="VLLM_EXL3_LOG_LAYERS='yes' is not valid: expected one of 0, 1"):
         settings.load()
+
+
+def _write_shaped_header(path: Path, shapes: dict[str, list[int]]) -> None:
+    header: dict = {n: {"dtype": "I16", "shape": s, "data_offsets": [0, 0]} for n, s in shapes.items()}
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob)
+
+
+def test_scan_counts_an_ngram_table_apart_from_exl3_modules(tmp_path: Path) -> None:
+    t = "m.layers.1.ple.ple_embedding.ngram_embedding"
+    _write_shaped_header(
+        tmp_path / "ngram_embedding.safetensors",
+        {
+            f"{t}.shard_0.trellis": [4096, 51],
+            f"{t}.shard_1.trellis": [1000, 51],
+            f"{t}.head_bias": [16, 160],
+            f"{t}.head_offsets": [16],
+            f"{t}.head_vocab_sizes": [16],
+            f"{t}.layer_multipliers": [3],
+        },
+    )
+    _write_shaped_header(
+        tmp_path / "model.safetensors", {"lm_head.trellis": [8, 8, 64], "lm_head.suh": [128]}
+    )
+    index = storage.scan_checkpoint(tmp_path)
+    assert index.exl3 == {"lm_head"}  # the table's shard_<n>.trellis are not EXL3 linears
+    assert index.ngram[t] == storage.NgramTableInfo((4096, 1000), 51, 16, 160, True)
+    assert index.ngram[t].rows == 5096
+
+
+def test_scan_refuses_an_incomplete_ngram_table(tmp_path: Path) -> None:
+    _write_shaped_header(tmp_path / "n.safetensors", {"t.head_offsets": [4], "t.head_bias": [4, 160]})
+    with pytest.raises(ValueError, match=r"t: incomplete n-gram \(PLE\) table.*t\.shard_0\.trellis"):
+        storage.scan_checkpoint(tmp_path)

@@ -150,6 +150,35 @@ class EXL3Config(QuantizationConfig):
             return EXL3MoEMethod(self, layer.moe_config, prefix)
         return None
 
+    def ngram_method(self, prefix: str) -> QuantizeMethodBase:
+        """The storage of Qwen4Exp's n-gram (PLE) table at vLLM prefix ``prefix`` (vLLM never asks
+        ``get_quant_method`` for it; our model hook does, see ``qwen4_exp.exl3_construction``)."""
+        from vllm.models.qwen4_exp.common.ngram_embedding import Qwen4ExpPLEUnquantizedEmbeddingMethod
+
+        from .ple import EXL3NgramEmbeddingMethod
+
+        if self.index is None:
+            raise Exl3LoadError(
+                f"{prefix}: the packed n-gram (PLE) table's layout is read from the checkpoint's safetensors "
+                "headers: serve a local model directory (with VLLM_EXL3_SCAN_CHECKPOINT=1, the default)"
+            )
+        tables = dict(self.index.ngram)
+        if self._mapper is not None:
+            for name, info in self.index.ngram.items():
+                mapped = self._mapper.apply_list([name])
+                if mapped:
+                    tables[mapped[0]] = info
+        info = tables.get(prefix)
+        if info is None:
+            if any(n.startswith(prefix + ".") for n in chain(self.index.plain, self._mapped_names()[1])):
+                return Qwen4ExpPLEUnquantizedEmbeddingMethod()  # stored unquantized (.shard_<n>.weight)
+            known = ", ".join(sorted(self.index.ngram)) or "none"
+            raise Exl3LoadError(
+                f"{prefix}: no n-gram (PLE) table for this layer in the checkpoint (packed tables found: {known}); "
+                "is ngram_embedding.safetensors in the model directory?"
+            )
+        return EXL3NgramEmbeddingMethod(prefix, info)
+
     # -- which modules are EXL3 -------------------------------------------------------------------
 
     def _mapped_names(self) -> tuple[set[str], set[str]]:
