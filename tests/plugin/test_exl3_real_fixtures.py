@@ -97,6 +97,8 @@ def test_plugin_on_vllm_matches_exllamav3_logits(served: dict[str, dict], name: 
     ours = served[name]
     assert "error" not in ours, f"{name}: vLLM with the plugin failed: {ours.get('error')}"
     top1, dlp, n = _compare(name, ours)
-    print(f"\n{name}: top-1 {top1:.1%} of {n} positions, mean |dlogprob| {dlp:.2e}, engine {ours['startup_s']:.0f}s")
+    print(
+        f"\n{name}: top-1 {top1:.1%} of {n} positions, mean |dlogprob| {dlp:.2e}, engine {ours['startup_s']:.0f}s"
+    )
     assert top1 >= TOP1_MIN, f"{name}: top-1 agreement {top1:.1%} < {TOP1_MIN:.0%} ({n} positions)"
     assert dlp <= DLOGPROB_MAX, f"{name}: mean |delta log-prob| {dlp:.3f} > {DLOGPROB_MAX}"
