@@ -30,7 +30,7 @@ def test_reference_decoder_matches_exllamav3_dequantized_weights(name: str) -> N
     layers = exl3_real.stored_layers(name)
     saved = sorted(k.removeprefix("dequant.") for k in refs if k.startswith("dequant."))
     assert saved, f"{name}: no dequantized weights saved"
-    assert "lm_head" in saved and any(".self_attn." in k for k in saved)
+    assert "lm_head" in saved and len(saved) >= 2, f"{name}: dequantized {saved}"
     worst = (0.0, "")
     for key in saved:
         g = layers[key]
