@@ -62,7 +62,7 @@ def test_layer_rates_and_codebooks_are_as_the_converter_recorded(name: str) -> N
         assert storage[key]["quant_format"] == "exl3" and float(storage[key]["bits_per_weight"]) == k
     rates = [ref.bits_of(layers[k]["trellis"]) for k in layers if k != "lm_head"]
     mean = sum(rates) / len(rates)
-    # the converter spreads the budget over layers (mixed K); the plain mean of the per-layer K stays near the
-    # target even unweighted by size
-    assert abs(mean - meta["bits"]) <= 1.0, f"{name}: mean K {mean:.2f} far from --bits {meta['bits']}"
+    # the converter's allocation gives these uniform tiny models --bits everywhere (make_fixtures.py --dry-run
+    # prints its strategy); a little slack in case a layer is promoted
+    assert abs(mean - meta["bits"]) <= 0.25, f"{name}: mean K {mean:.2f} far from --bits {meta['bits']}"
     assert ref.bits_of(layers["lm_head"]["trellis"]) == meta["head_bits"]
