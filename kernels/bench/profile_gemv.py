@@ -1,9 +1,12 @@
-"""Run one EXL3 GEMV shape a few times so Nsight Compute can profile a single launch of it.
+"""Run one EXL3 GEMV shape (or, with ``--op weight``, the prefill's reconstruction of W) a few times so Nsight
+Compute can profile a single launch of it.
 
 For the device machine (kernels/PERF.md has the exact invocations):
 
     ncu --clock-control none --set full -k regex:gemv --launch-skip 4 --launch-count 1 \
         python3 kernels/bench/profile_gemv.py --shape 4096x14336 --bits 2 --codebook mul1 --rows 1
+    ncu --clock-control none --set full -k regex:recon --launch-skip 4 --launch-count 1 \
+        python3 kernels/bench/profile_gemv.py --op weight
 
 Random weights and inputs (never zeros: METHOD.md), fresh per launch so the trellis is read from HBM as in a
 real decode step.
@@ -29,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codebook", default="mul1", choices=reference.CODEBOOKS)
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--launches", type=int, default=6)
+    p.add_argument(
+        "--op", choices=("gemv", "weight"), default="gemv", help="weight: the prefill's reconstruction"
+    )
     args = p.parse_args(argv)
     if not cuda.available():
         print(f"error: {cuda.unavailable_reason()}", file=sys.stderr)
@@ -45,9 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         sets.append([v.cuda() for v in (x, t.to(torch.int16), suh, svh)])
     cb = reference.CODEBOOKS.index(args.codebook)
     for x, t, suh, svh in sets:
-        cuda.gemv(x, t, suh, svh, cb)
+        if args.op == "weight":
+            cuda.weight(t, suh, svh, cb)
+        else:
+            cuda.gemv(x, t, suh, svh, cb)
     torch.cuda.synchronize()
-    print(f"ran {args.launches} launches of {args.shape} K={args.bits} {args.codebook} rows={args.rows}")
+    print(
+        f"ran {args.launches} {args.op} launches of {args.shape} K={args.bits} {args.codebook} rows={args.rows}"
+    )
     return 0
 
 
