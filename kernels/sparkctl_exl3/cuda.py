@@ -464,11 +464,10 @@ def moe(
 #: Most rows the GEMV takes per launch (exl3_gemv.h); calls with more rows are prefill.
 GEMV_MAX_ROWS = 8
 #: Rows from which :func:`gemm` reconstructs W and multiplies with cuBLAS instead of running the GEMV in groups of
-#: 8. NOT YET MEASURED: the predicted crossover, until ``kernels/bench/prefill_bench.py --sweep`` measures it on the
-#: device. Why 24: the GEMV costs ~18 us per 8 rows at 4096x14336 (PERF.md), the reconstruction is predicted at
-#: 45-55 us there plus a small matmul, so the GEMV should win up to ~24 rows; both scale with I x O, so the
-#: crossover hardly depends on the shape.
-PREFILL_MIN_ROWS = 24
+#: 8: measured (``kernels/bench/prefill_bench.py --sweep``, H200, kernels/PERF.md run 95): reconstruct + matmul won
+#: from 48-72 rows over the eight 4096x14336 / 14336x4096, K 2/4, mul1/mcg cases; the largest is taken. (Predicted 24:
+#: the reconstruction took 105-150 us, not 45-55.)
+PREFILL_MIN_ROWS = 72
 #: Most elements of W one :func:`gemm` call holds at once: wider layers are reconstructed and multiplied in column
 #: chunks (multiples of 128), which bounds the scratch at 2 bytes times this (128 MiB).
 PREFILL_CHUNK_ELEMENTS = 1 << 26
