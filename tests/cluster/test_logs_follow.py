@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from ctrl_c import sigint_default
 from sshd import Sshd, sshd_missing, start_sshd
 
 from sparkctl.cluster import run as cluster_run
@@ -123,10 +124,11 @@ def test_cli_follow_ends_with_down(sshd: Sshd, tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=sigint_default,
     )
     assert interrupted.stdout is not None
     assert interrupted.stdout.readline().strip() == f"[{w.address}] hello from the worker"
     os.killpg(interrupted.pid, signal.SIGINT)
-    assert interrupted.wait(timeout=60) == 0
+    assert interrupted.wait(timeout=15) == 0
     time.sleep(0.5)
     assert _followers(log) == []
