@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import docker
 import httpx
 import psutil
 import pytest
@@ -131,7 +132,13 @@ def server(e2e_env: Env, docker_client) -> Iterator[Server]:
 
 
 def our_containers(docker_client) -> list:
-    return [docker_client.containers.get(c) for c in managed_container_ids(docker_client)]
+    found = []
+    for c in managed_container_ids(docker_client):
+        try:
+            found.append(docker_client.containers.get(c))
+        except docker.errors.NotFound:  # removed (--rm) between the listing and the look-up
+            continue
+    return found
 
 
 def processes_serving(name: str) -> list[int]:
@@ -145,6 +152,13 @@ def processes_serving(name: str) -> list[int]:
 
 
 def assert_nothing_left(e2e_env: Env, docker_client, name: str) -> None:
+    deadline = (
+        time.monotonic() + 30
+    )  # a stopped --rm container is removed by the engine a moment later (under load)
+    while [
+        c for c in our_containers(docker_client) if c.labels.get(LABEL_RECIPE) == name
+    ] and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not [c.name for c in our_containers(docker_client) if c.labels.get(LABEL_RECIPE) == name]
     assert not [p for p in e2e_env.state_files() if p.stem == name]
     deadline = time.monotonic() + 10  # an exiting process may take a moment to be reaped
