@@ -285,6 +285,8 @@ def main() -> int:
     modes = tuple(m for m in args.modes.split(",") if m)
     if bad := [m for m in modes if m not in fixture_forward.MODES]:
         parser.error(f"--modes: unknown {', '.join(bad)} (choose from {', '.join(fixture_forward.MODES)})")
+    if args.fixture and (unknown := [n for n in args.fixture if not (args.fixtures / n).is_dir()]):
+        parser.error(f"--fixture: no {', '.join(unknown)} under {args.fixtures}")
     if args.device == "cpu" and args.no_fixtures:
         parser.error("--device cpu runs only the fixture check; --no-fixtures leaves nothing to run")
     if args.device == "cuda" and not torch.cuda.is_available():
