@@ -1,9 +1,10 @@
-"""GPU check of the vLLM exl3 plugin: its layer forward on CUDA against its CPU path, on the tiny checkpoints.
+"""GPU check of the vLLM exl3 plugin: its layer forward on CUDA against its CPU path, and whole real models on
+CUDA against exllamav3's own logits.
 
 vLLM itself is not installed on the device machine, so this drives the functions the plugin's ``apply``
 methods run (``sparkctl_exl3.vllm_plugin.forward``: the per-shard EXL3 linear and ``exl3_moe_forward``),
-which need only torch and our ops, on every EXL3 layer of the tiny dense and MoE checkpoints written by
-``sparkctl_exl3.checkpoint`` (the same tensors ``sparkctl up tiny-exl3`` serves on the CPU):
+which need only torch and our ops. Checks 1-3 run on every EXL3 layer of the tiny dense and MoE checkpoints
+written by ``sparkctl_exl3.checkpoint`` (the same tensors ``sparkctl up tiny-exl3`` serves on the CPU):
 
 1. every linear (mixed K 2..6 and 2.5, all three codebooks, the lm_head) at 1, 4, 8 rows (the GEMV kernel's
    range), 33 and 300 rows (the prefill path: reconstruct + cuBLAS), CUDA vs CPU;
@@ -18,11 +19,20 @@ the shape, else the reference on the GPU). The two differ by fp16 rounding of ac
 check is a relative L2 error: below 5e-3 per linear and 1e-2 per MoE layer (three chained linears), against
 about 5e-4 for one fp16 rounding. A wrong shard, K, codebook, permutation or scale gives errors of order 1.
 
-Run on a CUDA machine from the repository root (E or the coordinator, with the device tool):
+4. every real exllamav3 checkpoint under ``tests/fixtures/exl3_real/`` (Llama, Qwen3-MoE, GLM-4-MoE; others are
+   skipped by name): the whole model over the saved prompts, every EXL3 linear and MoE layer through the
+   plugin's forward functions and the rest in plain torch (``fixture_forward.py`` says exactly which is which),
+   fed three ways (each prompt alone, all packed in one batch, all decoded a token a step with a KV cache: the
+   plugin's kernel paths differ by batch shape), against exllamav3's saved logits: top-1 agreement >= 98% and
+   mean |delta log-prob| of the prompt tokens <= 0.05 per fixture and way, the bar vLLM with the plugin meets
+   on the CPU. One line per fixture and way: name, device, top-1, mean |dlogprob|, PASS/FAIL.
 
-    python kernels/bench/plugin_gpu_check.py [--out plugin_gpu_check.json]
+Run from the repository root (on the device: build the extension first, ``python3 -m sparkctl_exl3.cuda build``):
 
-Exit status: 0 all checks pass, 1 a check failed, 2 no CUDA device.
+    python kernels/bench/plugin_gpu_check.py [--out plugin_gpu_check.json] [--fixtures-only | --no-fixtures]
+    python kernels/bench/plugin_gpu_check.py --device cpu   # check 4 on the CPU path (no GPU needed)
+
+Exit status: 0 all checks pass, 1 a check failed (or no fixture ran), 2 no CUDA device (without --device cpu).
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kernels/ on the path without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fixture_forward beside this file
 
+import fixture_forward  # noqa: E402
 from sparkctl_exl3 import checkpoint, ops  # noqa: E402
 from sparkctl_exl3.vllm_plugin.forward import (  # noqa: E402
     ExpertWeights,
@@ -213,21 +225,8 @@ def check_cuda_graphs(linear: ShardWeights, experts: list[ExpertWeights], gen: t
     return results
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="write the full results as JSON here")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no CUDA device: this check compares the plugin's CUDA path with its CPU path", file=sys.stderr)
-        return 2
-    from sparkctl_exl3 import cuda
-
-    kernel_state = "available" if cuda.available() else f"unavailable ({cuda.unavailable_reason()})"
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  EXL3 kernels: {kernel_state}")
-    gen = torch.Generator().manual_seed(args.seed)
-    t0 = time.monotonic()
-    report: dict[str, object] = {"device": torch.cuda.get_device_name(), "kernels": kernel_state}
+def check_layers(gen: torch.Generator) -> tuple[dict[str, list[dict]], list[str]]:
+    """Checks 1-3 of the module docstring on the tiny checkpoints: (results by kind, summary lines)."""
     linear_results: list[dict] = []
     moe_results: list[dict] = []
     graph_results: list[dict] = []
@@ -247,24 +246,94 @@ def main() -> int:
                 if all(s.codebook == "mul1" for e in ex for s in (e.gate, e.down))
             ]
             graph_results += check_cuda_graphs(first_linear, layers[(mul1 or sorted(layers))[0]], gen)
-    report.update(
-        linears=linear_results, moe=moe_results, cuda_graphs=graph_results, seconds=time.monotonic() - t0
-    )
-    failures = [r for r in (*linear_results, *moe_results, *graph_results) if not r["ok"]]
     worst_lin = max(r["rel_err"] for r in linear_results)
     worst_moe = max(r["rel_err"] for r in moe_results)
     backends = sorted({r["backend"] for r in linear_results})
-    print(
-        f"linears: {len(linear_results)} checks, worst rel err {worst_lin:.2e} (tol {LINEAR_TOL}), backends {backends}"
-    )
     fused_n = sum(r.get("path") == "fused" for r in moe_results)
-    print(
-        f"moe:     {len(moe_results)} checks ({fused_n} through the fused kernel), worst rel err {worst_moe:.2e} (tol {MOE_TOL})"
+    lines = [
+        f"linears: {len(linear_results)} checks, worst rel err {worst_lin:.2e} (tol {LINEAR_TOL}), backends {backends}",
+        f"moe:     {len(moe_results)} checks ({fused_n} through the fused kernel), worst rel err {worst_moe:.2e} "
+        f"(tol {MOE_TOL})",
+        f"graphs:  {len(graph_results)} checks, {sum(r['ok'] for r in graph_results)} ok",
+    ]
+    return {"linears": linear_results, "moe": moe_results, "cuda_graphs": graph_results}, lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="write the full results as JSON here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: only the fixture check (4), on the CPU path (the layer checks compare CUDA with the CPU)",
     )
-    print(f"graphs:  {len(graph_results)} checks, {sum(r['ok'] for r in graph_results)} ok")
-    for r in failures[:20]:
+    parser.add_argument(
+        "--fixtures", type=Path, default=fixture_forward.FIXTURES, help="the real fixtures' folder"
+    )
+    parser.add_argument("--fixture", action="append", help="only this fixture (repeatable); default: all")
+    parser.add_argument(
+        "--modes",
+        default=",".join(fixture_forward.MODES),
+        help=f"comma-separated ways through the prompts (default: {','.join(fixture_forward.MODES)})",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-fixtures", action="store_true", help="skip the fixture check (4)")
+    which.add_argument("--fixtures-only", action="store_true", help="only the fixture check (4)")
+    args = parser.parse_args()
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if bad := [m for m in modes if m not in fixture_forward.MODES]:
+        parser.error(f"--modes: unknown {', '.join(bad)} (choose from {', '.join(fixture_forward.MODES)})")
+    if args.fixture and (unknown := [n for n in args.fixture if not (args.fixtures / n).is_dir()]):
+        parser.error(f"--fixture: no {', '.join(unknown)} under {args.fixtures}")
+    if args.device == "cpu" and args.no_fixtures:
+        parser.error("--device cpu runs only the fixture check; --no-fixtures leaves nothing to run")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "no CUDA device: this check compares the plugin's CUDA path with its CPU path and exllamav3's logits "
+            "(--device cpu runs the fixture check on the CPU path)",
+            file=sys.stderr,
+        )
+        return 2
+    t0 = time.monotonic()
+    report: dict[str, object] = {"device": "cpu", "torch": torch.__version__}
+    failures: list[dict] = []
+    if args.device == "cuda":
+        from sparkctl_exl3 import cuda
+
+        kernel_state = "available" if cuda.available() else f"unavailable ({cuda.unavailable_reason()})"
+        print(
+            f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  EXL3 kernels: {kernel_state}"
+        )
+        report.update(device=torch.cuda.get_device_name(), kernels=kernel_state)
+    else:
+        print(f"device: cpu  torch {torch.__version__}  (fixture check only)")
+    if args.device == "cuda" and not args.fixtures_only:
+        layer_results, lines = check_layers(torch.Generator().manual_seed(args.seed))
+        report.update(layer_results)
+        for line in lines:
+            print(line)
+        failures += [r for rs in layer_results.values() for r in rs if not r["ok"]]
+    if not args.no_fixtures:
+        results, skipped = fixture_forward.check_fixtures(
+            args.fixtures, torch.device(args.device), modes, names=args.fixture
+        )
+        report.update(fixtures=results, fixtures_skipped=skipped)
+        for r in results:
+            print(fixture_forward.result_line(r))
+        for s in skipped:
+            print(f"fixture {s['fixture']:<18} SKIPPED: {s['reason']}")
+        failures += [r for r in results if not r["ok"]]
+        if not results:
+            failures.append(
+                {"check": "fixtures", "ok": False, "error": f"no fixture ran under {args.fixtures}"}
+            )
+    report["seconds"] = time.monotonic() - t0
+    for r in [r for r in failures if "fixture" not in r][:20]:  # the fixtures' lines already say FAIL
         print(f"FAIL {r}")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     print("PASS" if not failures else f"FAIL: {len(failures)} check(s)")
     return 0 if not failures else 1
