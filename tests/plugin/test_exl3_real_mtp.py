@@ -231,3 +231,36 @@ def test_greedy_with_mtp_is_the_targets_greedy(served: Served, run: dict) -> Non
             assert best == tok or gap <= TIE_TOL, (
                 f"{served.name}: generated token {j} ({tok}) is not the target's argmax {best} (gap {gap:.2e})"
             )
+
+
+def test_sparkctl_bench_records_the_acceptance(served: Served, tmp_path: Path) -> None:
+    """`sparkctl bench` itself, against the running server: its record carries the draft counters and rate."""
+    out = tmp_path / "bench"
+    res = run_in_env(
+        served.env,
+        *("bench", "--url", f"{served.base_url}/v1", "--model", served.model, "--api", "completions"),
+        *(
+            "-w",
+            "suite",
+            "--categories",
+            "coding,prose",
+            "--runs",
+            "1",
+            "--warmup",
+            "1",
+            "--max-tokens",
+            "16",
+        ),
+        *("--out", str(out), "--no-html"),
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    rec = json.loads((out / "bench.json").read_text())
+    suite = rec["variants"][0]["workloads"]["suite"]
+    sm = suite["server_metrics"]
+    assert sm["spec_drafts"] > 0 and sm["spec_draft_tokens"] == K * sm["spec_drafts"], sm
+    assert 0.0 <= sm["spec_acceptance_rate"] <= 1.0 and sm["spec_acceptance_length"] >= 1.0, sm
+    print(
+        f"\nsparkctl bench on {served.name}: acceptance rate {sm['spec_acceptance_rate']:.1%}, length "
+        f"{sm['spec_acceptance_length']:.2f} over {sm['spec_drafts']:.0f} drafts"
+    )
