@@ -14,8 +14,9 @@ What must hold:
 - prompt positions: top-1 agrees with exllamav3's argmax on >= TOP1_MIN, mean |dlogprob| <= DLOGPROB_MAX (the
   acceptance line of the real-fixture test; the MTP draft must not change the target's prompt scoring);
 - the counters the bench reads (``sparkctl.bench.server_metrics``: vllm:spec_decode_num_drafts /
-  num_draft_tokens / num_accepted_tokens) moved over the requests: drafts made, K draft tokens each, an
-  acceptance rate in [0, 1] (printed; the MTP layer has random weights, so the rate itself is low);
+  num_draft_tokens / num_accepted_tokens) moved over the requests: drafts made, K draft tokens each, some
+  accepted (the MTP block is the target's last layer on the next token's embedding: 3-10 % of draft tokens),
+  an acceptance rate in [0, 1] (printed);
 - speculative decoding is lossless under greedy: every generated token is the target's own argmax given the
   tokens before it (scored again as a prompt), or a near-tie within TIE_TOL.
 """
@@ -209,6 +210,8 @@ def test_bench_reader_sees_the_drafts(served: Served, run: dict) -> None:
     assert d["spec_draft_tokens"] == K * drafts, d
     # each draft round verifies K tokens and yields 1 + accepted; no request yields more than it asked for
     assert 0.0 <= d["spec_acceptance_rate"] <= 1.0, d
+    # the MTP block is the target's last layer on the next token's embedding (mtp_source): some drafts hold
+    assert d["spec_accepted_tokens"] > 0, f"no draft token accepted: {d}"
     assert d["spec_acceptance_length"] == pytest.approx(1.0 + d["spec_accepted_tokens"] / drafts)
     assert drafts + d["spec_accepted_tokens"] <= generated, d
     print(
@@ -259,6 +262,7 @@ def test_sparkctl_bench_records_the_acceptance(served: Served, tmp_path: Path) -
     suite = rec["variants"][0]["workloads"]["suite"]
     sm = suite["server_metrics"]
     assert sm["spec_drafts"] > 0 and sm["spec_draft_tokens"] == K * sm["spec_drafts"], sm
+    assert sm["spec_accepted_tokens"] > 0, sm
     assert 0.0 <= sm["spec_acceptance_rate"] <= 1.0 and sm["spec_acceptance_length"] >= 1.0, sm
     print(
         f"\nsparkctl bench on {served.name}: acceptance rate {sm['spec_acceptance_rate']:.1%}, length "

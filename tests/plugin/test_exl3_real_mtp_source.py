@@ -45,6 +45,9 @@ def test_source_is_the_glm4moe_source_plus_one_mtp_layer(tmp_path: Path) -> None
     assert t[p + "eh_proj.weight"].shape == (cfg["hidden_size"], 2 * cfg["hidden_size"])
     assert sum(".mlp.experts." in k for k in mtp) == 3 * cfg["n_routed_experts"]
     assert p + "mlp.gate.e_score_correction_bias" in mtp and p + "mlp.shared_experts.down_proj.weight" in mtp
+    # the block is the target's last layer (so the draft agrees with the target at times: mtp_source)
+    block = [k for k in mtp if k.removeprefix(p).split(".")[0] in ("self_attn", "mlp")]
+    assert block and all(torch.equal(t[k], t[k.replace(p, "model.layers.1.")]) for k in block)
     assert [k for k in mtp if "self_attn" in k and k.endswith(".bias")] == [
         f"{p}self_attn.{n}_proj.bias" for n in "kqv"
     ]
