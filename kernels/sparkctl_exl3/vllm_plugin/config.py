@@ -134,6 +134,12 @@ class EXL3Config(QuantizationConfig):
             kind = self._storage_of(prefix, [prefix])
             if kind == "plain" or (kind is None and self.tie_word_embeddings):
                 return UnquantizedEmbeddingMethod()
+            if kind is None and self.index is not None and prefix.rpartition(".")[2] != "lm_head":
+                # A head the checkpoint holds nothing for, inside the model (an MTP layer's shared_head.head,
+                # vLLM prefix model.layers.<N>.head): vLLM's MTP proposer always replaces it with the
+                # target's lm_head after loading, so a plain placeholder, not an EXL3 layer that would
+                # refuse to finish loading without its trellis.
+                return UnquantizedEmbeddingMethod()
             return EXL3LinearMethod(self, prefix, vocab=True)
         if isinstance(layer, VocabParallelEmbedding):
             return UnquantizedEmbeddingMethod()  # embeddings stay unquantized (SPEC 1.5)
