@@ -17,6 +17,7 @@ import pytest
 import torch
 from sparkctl_exl3 import ngram
 from sparkctl_exl3 import reference as ref
+from sparkctl_exl3.vllm_plugin import forward
 
 MAKE = exl3_real._make_fixtures()
 NGRAM_FIXTURES = [f.name for f in MAKE.FIXTURES if f.source == "qwen4exp"]
@@ -42,6 +43,9 @@ def _is_mtp(key: str, name: str) -> bool:
 # the same bound the shared vectors are held to (kernels/README.md): exllamav3 reconstructs in fp16 with its own
 # Hadamard order, ours in fp32 rounded once, so the two agree to ~5e-4 relative, never bit for bit
 W_REL_TOL = 1e-3
+# exllamav3's GEMM takes fp16 activations and accumulates in its own order; the plugin's CPU path is fp32 through
+# the reference decoder (the bound kernels/bench/plugin_gpu_check.py holds the CUDA path to, per linear)
+GEMM_REL_TOL = 5e-3
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -101,6 +105,34 @@ def test_layer_rates_and_codebooks_are_as_the_converter_recorded(name: str) -> N
             if ref.bits_of(layers[k]["trellis"]) != meta["mtp_bits"]
         }
         assert not off, f"{name}: MTP modules not at --mtp_bits {meta['mtp_bits']}: {off}"
+
+
+@pytest.mark.parametrize("name", exl3_real.NAMES)
+def test_plugin_linear_matches_exllamav3_gemm(name: str) -> None:
+    """The plugin's EXL3 linear forward (vllm_plugin.forward.exl3_linear on the shard finish_shard makes of the
+    stored tensors, CPU path) against exllamav3's own LinearEXL3.forward on the same fp16 rows, for every saved
+    module: the layer-level check of the architectures whose vLLM model cannot run on the CPU (Glm5Next, Qwen4Exp:
+    their KDA / MLA / indexer / mHC / n-gram projections, MTP included), and of the others alike."""
+    if reason := exl3_real.missing_reason(name):
+        pytest.skip(reason)
+    refs = exl3_real.reference(name)
+    layers = _linears(name)
+    keys = sorted(
+        k.removeprefix("gemm.").removesuffix(".x") for k in refs if k.startswith("gemm.") and k.endswith(".x")
+    )
+    if not keys:
+        pytest.skip(
+            f"{name}: made before the GEMM outputs were saved (make_fixtures.py --only {name} remakes it)"
+        )
+    worst = (0.0, "")
+    for key in keys:
+        shard = forward.finish_shard(key, {n: t for n, t in layers[key].items() if n != "bias"})
+        x, theirs = refs[f"gemm.{key}.x"], refs[f"gemm.{key}.y"]
+        ours = forward.exl3_linear(x.float(), shard, theirs.shape[-1], torch.float32)
+        err = _rel(ours, theirs)
+        assert err <= GEMM_REL_TOL, f"{name} {key} (K={shard.bits}, {shard.codebook}): rel err {err:.2e}"
+        worst = max(worst, (err, key))
+    print(f"\n{name}: {len(keys)} linears, worst rel err {worst[0]:.1e} ({worst[1]})")
 
 
 @pytest.mark.parametrize("name", NGRAM_FIXTURES)
