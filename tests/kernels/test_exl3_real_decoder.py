@@ -21,6 +21,7 @@ from sparkctl_exl3.vllm_plugin import forward
 
 MAKE = exl3_real._make_fixtures()
 NGRAM_FIXTURES = [f.name for f in MAKE.FIXTURES if f.source == "qwen4exp"]
+HASHING = ("ngram_heads_vocab_sizes", "ngram_heads_offsets", "layer_multipliers")
 
 
 def _linears(name: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -193,3 +194,9 @@ def test_source_spec_matches_transformers(kind: str, tmp_path) -> None:  # noqa:
     assert torch.isfinite(logits).all() and float(logits.std()) > 1.0, (
         f"{kind}: logits std {float(logits.std())}"
     )
+    if kind == "qwen4exp":  # the hashing buffers written into the source are the ones transformers computes
+        fresh = type(model)(
+            model.config
+        ).state_dict()  # computed from config.json, not loaded from the source
+        hf = {k.rsplit(".", 1)[1]: v.tolist() for k, v in fresh.items() if k.endswith(HASHING)}
+        assert hf == MAKE.ngram_hashing(json.loads((src / "config.json").read_text())["text_config"], 1)
