@@ -5,6 +5,7 @@ device run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import exl3_real
@@ -12,9 +13,16 @@ import pytest
 import torch
 
 MAKE = exl3_real._make_fixtures()
+# the spec sources (Glm5Next, Qwen4Exp) are multimodal / checkpoint-layout models transformers does not load as
+# AutoModelForCausalLM from these names; the tests below hold their specs to what exllamav3's converter reads
+WRITTEN = [k for k in MAKE.SOURCES if k not in MAKE.SPEC_SOURCES]
 
 
-@pytest.mark.parametrize("kind", MAKE.SOURCES)
+def _spec(kind: str) -> dict[str, list]:
+    return json.loads((MAKE.SPEC_DIR / f"{kind}.json").read_text())
+
+
+@pytest.mark.parametrize("kind", WRITTEN)
 def test_source_model_loads_and_has_spread_logits(tmp_path: Path, kind: str) -> None:
     transformers = pytest.importorskip("transformers")
     src = MAKE.write_source(kind, tmp_path / kind)
@@ -34,3 +42,45 @@ def test_source_model_loads_and_has_spread_logits(tmp_path: Path, kind: str) -> 
     assert gap.median() > 0.5, f"{kind}: median top-1 gap {gap.median():.3f}: near-uniform logits"
     # a few near-ties are expected; far fewer than the 2% of positions the fixture test may disagree on
     assert (gap < 0.01).float().mean() < 0.02
+
+
+def test_glm5next_every_dsa_layer_and_the_mtp_carry_what_mla_attention_loads() -> None:
+    """exllamav3's MLAttention.load_local reads the k-pool compression pair on every DSA layer (a shared-indexer
+    one too), and Glm5NextMTP builds the MTP layer as DSA with a full indexer: a KDA-shaped MTP layer or a
+    shared layer without the pair stopped the H200 conversion mid-model."""
+    spec = _spec("glm5next")
+    text = MAKE.new_arch_config(
+        "glm5next", {"vocab": 640, **dict.fromkeys(("bos_token_id", "eos_token_id"), 0), "pad_token_id": 2}
+    )["text_config"]
+    n = text["num_hidden_layers"]
+    dsa = [i for i, t in enumerate(text["layer_types"]) if t == "deepseek_sparse_attention"]
+    assert "shared" in [text["indexer_types"][i] for i in dsa]
+    p = "model.language_model.layers."
+    ape, gate = [text["index_kpool"], text["index_head_dim"]], [text["index_head_dim"], text["hidden_size"]]
+    for i in [*dsa, n]:
+        assert spec[f"{p}{i}.self_attn.indexer.index_kpool_compress_ape"][0] == ape
+        assert spec[f"{p}{i}.self_attn.indexer.index_kpool_compress_gate"][0] == gate
+    for leaf in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "indexer.wq_b", "indexer.wk"):
+        assert f"{p}{n}.self_attn.{leaf}.weight" in spec
+    assert not [
+        k for k in spec if k.startswith(f"{p}{n}.self_attn.") and k.endswith(("A_log", "conv1d.weight"))
+    ]
+
+
+def test_qwen4exp_ngram_heads_hold_the_converters_bias_stripes() -> None:
+    """exllamav3's compute_head_bias reads 8192-row stripes inside every n-gram head (conversion/ngram.py); the
+    first spec's 211..229-row heads ran the last stripe past the table (IndexError on the H200). The shards the
+    spec stores hold the padded table exactly."""
+    spec = _spec("qwen4exp")
+    text = MAKE.new_arch_config(
+        "qwen4exp", {"vocab": 640, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+    )["text_config"]
+    layer = text["ple_layer_ids"][0] - 1
+    hashing = MAKE.ngram_hashing(text, layer)
+    assert min(hashing["ngram_heads_vocab_sizes"]) >= 8192
+    shards = sorted(k for k in spec if ".ngram_embedding.shard_" in k)
+    assert len(shards) == text["split_ngram_parts"]
+    rows = [spec[k][0][0] for k in shards]
+    assert len(set(rows)) == 1
+    sizes = hashing["ngram_heads_vocab_sizes"]
+    assert sum(sizes) <= sum(rows) < sum(sizes) + text["make_ngram_vocab_size_divisible_by"]
