@@ -104,6 +104,7 @@ class ModelConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_intermediate: int = 0
+    nextn_layers: int = 0  # MTP draft layers stored after the target's (num_nextn_predict_layers)
 
 
 def read_config(model_dir: Path) -> ModelConfig:
@@ -128,6 +129,7 @@ def read_config(model_dir: Path) -> ModelConfig:
         "kv_heads": int(cfg.get("num_key_value_heads") or heads),
         "head_dim": head_dim,
         "layers": layers,
+        "nextn_layers": int(cfg.get("num_nextn_predict_layers") or 0),
         "eps": float(cfg["rms_norm_eps"]),
         "rope_theta": float(cfg.get("rope_theta", 10000.0)),
         "rotary_dim": int(head_dim * float(cfg.get("partial_rotary_factor", 1.0))),
@@ -353,7 +355,11 @@ class FixtureModel:
             self.lm_head = Linear("lm_head", [], [cfg.vocab], weight=self.embed)
         else:
             raise FixtureError("no lm_head in the checkpoint and tie_word_embeddings is false")
-        unused = sorted(set(tensors) - self._used)
+        # the MTP draft's layers (model.layers.N.. past the target's N) are not part of the target's logits; vLLM
+        # runs them only as the speculative draft (tests/plugin/test_exl3_real_mtp.py serves them)
+        draft = tuple(f"model.layers.{cfg.layers + j}." for j in range(cfg.nextn_layers))
+        self.draft_tensors = sorted(t for t in tensors if draft and t.startswith(draft))
+        unused = sorted(set(tensors) - self._used - set(self.draft_tensors))
         if unused:  # a tensor the forward never read means a module it does not model
             raise FixtureError(
                 f"tensors this forward does not use: {', '.join(unused[:8])}"

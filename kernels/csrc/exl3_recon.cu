@@ -16,8 +16,8 @@
 // * Stage 2 (H128 from the right, over n = 16c + d). The stage-1 C fragments of a 16-row slab are, as they stand,
 //   the A fragment of the next mma (the FlashAttention trick), split into fp16 hi + lo parts so the fp32 value goes
 //   through unrounded (~2^-22 relative); B = H16 again: H16 over d. H8 over c crosses warps (c is the warp), so the
-//   results go through shared memory, 32 rows at a time, where each thread takes one (row, column pair), runs the
-//   8-point butterfly over c, scales by suh * svh / 128 and rounds to fp16 once.
+//   results go through shared memory (two buffers of 32 rows, one barrier per round), where each thread takes
+//   one (row, column pair), runs the 8-point butterfly over c, scales by suh * svh / 128 and rounds to fp16 once.
 // The only roundings are fp32 accumulation and the final fp16: W agrees with reference.weight (fp32 throughout)
 // to the last fp16 bit except where the two fp32 orders land on opposite sides of a rounding boundary.
 
@@ -115,7 +115,7 @@ __device__ __forceinline__ void cut_states(const uint32_t (&w)[NW], uint32_t (&s
 
 template <int K2>
 __host__ __device__ constexpr int smem_bytes() {
-  return 2 * Rate<K2>::kBlockBytes + kRoundRows * kXStride * 4;
+  return 2 * Rate<K2>::kBlockBytes + 2 * kRoundRows * kXStride * 4;
 }
 
 __device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
@@ -291,8 +291,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
     }
 
     // ---- per round, slabs a' = 2*round and 2*round + 1 (rows 32*round ..): ----
-#pragma unroll 1
+    // Two exchange buffers, alternating by round: a round's stores cannot overtake the previous round's reads, so
+    // one barrier per round suffices (the one before the reads; round r + 2 reuses a buffer only after every thread
+    // has passed round r + 1's barrier, i.e. finished round r's reads). Unrolled by 2, the buffer and half of the
+    // H8 signs are compile-time; unrolled by 4, ptxas spills (kernels/PERF.md, session 17).
+#pragma unroll 2
     for (int round = 0; round < 8 / 2; ++round) {
+      float* const xb = xbuf + (round & 1) * (kRoundRows * kXStride);
       // Stage 1: T[a'] = sum_a H8[a'][a] (H16 . tile a), with H8's sign folded into the A operand (-H16). The two
       // slabs differ only in bit 0 of a', so the even and odd a are summed apart (E, O) and T = E + O, E - O.
       float eo[2][2][4];
@@ -340,31 +345,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
         const int swz = ((g >> 1) & 1) * 8;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float* at = xbuf + (16 * s + g) * kXStride + 16 * warp + ((8 * h) ^ swz) + 2 * c;
+          float* at = xb + (16 * s + g) * kXStride + 16 * warp + ((8 * h) ^ swz) + 2 * c;
           *reinterpret_cast<float2*>(at) = make_float2(u[h][0], u[h][1]);
           *reinterpret_cast<float2*>(at + 8 * kXStride) = make_float2(u[h][2], u[h][3]);
         }
       }
+      // suh and svh do not depend on the exchange: their loads are issued before the barrier, so that their
+      // latency hides under the wait
+      const int k = it.kb * 128 + kRoundRows * round + xrow;
+      const Layer& L = p.layer[it.layer];
+      const float scale = __half2float(L.suh[k]) * kInv128;
+      const __half* svh = L.svh + (p.nblock0 + it.nb) * 128 + xcol;
+      __half2 sv[8];
+#pragma unroll
+      for (int w = 0; w < 8; ++w) sv[w] = *reinterpret_cast<const __half2*>(svh + 16 * w);
       __syncthreads();
       float2 v[8];
 #pragma unroll
-      for (int w = 0; w < 8; ++w) v[w] = *reinterpret_cast<const float2*>(xbuf + xrow * kXStride + 16 * w + xcol_swz);
+      for (int w = 0; w < 8; ++w) v[w] = *reinterpret_cast<const float2*>(xb + xrow * kXStride + 16 * w + xcol_swz);
       fwht8(v);
-      const int k = it.kb * 128 + kRoundRows * round + xrow;
-      // the layer's pointers are read here, where they are used (held across stage 1 they made ptxas spill)
-      const Layer& L = p.layer[it.layer];
-      const float scale = __half2float(L.suh[k]) * kInv128;
       __half* out = L.w + static_cast<long long>(k) * p.ldw + it.nb * 128 + xcol;
-      // svh of this thread's columns: the same 8 words every round (L1 hits after the first; held in registers
-      // across stage 1 they made ptxas spill)
-      const __half* svh = L.svh + (p.nblock0 + it.nb) * 128 + xcol;
 #pragma unroll
       for (int w = 0; w < 8; ++w) {
-        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(svh + 16 * w));
+        const float2 s2 = __half22float2(sv[w]);
         const __half2 r = __floats2half2_rn(v[w].x * scale * s2.x, v[w].y * scale * s2.y);
         *reinterpret_cast<__half2*>(out + 16 * w) = r;
       }
-      __syncthreads();
     }
     stage ^= 1;
   }

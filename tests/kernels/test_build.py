@@ -83,7 +83,7 @@ def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str)
 
 
 def test_bench_drivers_compile(tmp_path: Path) -> None:
-    """The torch-free device drivers (A/B timing, phase timing, pipe rates) still build against the kernel source:
+    """The torch-free device drivers (A/B timing of the GEMV and of the reconstruction, phase timing, pipe rates) still build against the kernel source:
     they are only run on the GPU machine, where a broken one would cost device time to find out."""
     if NVCC is None:
         pytest.skip("nvcc not found")
@@ -93,6 +93,7 @@ def test_bench_drivers_compile(tmp_path: Path) -> None:
         ("phase_timing.cu", []),
         ("phase_timing.cu", ["-DEXL3_TIMING_GT"]),
         ("pipes.cu", []),
+        ("recon_ab.cu", []),
     ]
     procs = [
         subprocess.Popen(
