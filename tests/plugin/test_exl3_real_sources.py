@@ -84,3 +84,26 @@ def test_qwen4exp_ngram_heads_hold_the_converters_bias_stripes() -> None:
     assert len(set(rows)) == 1
     sizes = hashing["ngram_heads_vocab_sizes"]
     assert sum(sizes) <= sum(rows) < sum(sizes) + text["make_ngram_vocab_size_divisible_by"]
+
+
+def test_qwen4exp_gdn_gates_stored_as_the_gate_ops_take_them() -> None:
+    """exllamav3's gated_delta_net_fused_op_2/_3 take dt_bias in bf16 only (A_log in bf16 or fp32), as Qwen4Exp's
+    HF class saves both (no fp32-kept modules): the fp32 dt_bias of the first spec stopped the H200 conversion at
+    layer 0 ("dt_bias is incorrect datatype, must be kBFloat16")."""
+    spec = _spec("qwen4exp")
+    gates = {k: v[1] for k, v in spec.items() if k.endswith((".linear_attn.dt_bias", ".linear_attn.A_log"))}
+    assert len(gates) == 2 * 3
+    assert set(gates.values()) == {"bf16"}
+
+
+def test_glm5next_calibration_rows_keep_the_shared_indexer_dense() -> None:
+    """The converter captures each layer in its own forward with fresh params, so a shared-indexer DSA layer that
+    goes sparse finds no top-k selection (AssertionError on the H200): exllamav3 goes sparse once a row exceeds
+    index_topk, so every Glm5Next calibration row stays within it."""
+    text = MAKE.new_arch_config(
+        "glm5next", {"vocab": 640, **dict.fromkeys(("bos_token_id", "eos_token_id"), 0), "pad_token_id": 2}
+    )["text_config"]
+    rows, cols = MAKE.calibration("glm5next")
+    assert cols <= text["index_topk"]
+    assert rows * cols >= MAKE.CAL_ROWS * MAKE.CAL_COLS
+    assert MAKE.calibration("qwen4exp") == (MAKE.CAL_ROWS, MAKE.CAL_COLS)
