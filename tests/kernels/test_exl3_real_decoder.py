@@ -156,7 +156,14 @@ def test_ngram_table_decodes_as_exllamav3_decodes_it(name: str) -> None:
     theirs = refs["ngram.rows"]
     # the rows exllamav3 decoded: a sample (every 16th, the head edges) or, in fixtures made before, all of them
     ids = refs.get("ngram.row_ids", torch.arange(table.num_rows))
-    assert int(ids.max()) == table.num_rows - 1
+    assert int(ids.max()) == table.num_rows - 1  # the sample reaches the table's end
+    # rows past the last head (the converter pads the table to whole shards of 16-row tiles) are never looked up:
+    # a lookup's row is offset + hash mod the head's size. exllamav3's decode of them differs from ours (seen in
+    # qwen4exp-3.0-mul1: rows 32880.. of 32896), so only the rows a lookup can reach are held to it
+    end = int(table.head_offsets[-1] + table.head_vocab_sizes[-1])
+    real = ids < end
+    assert int(real.sum()) >= len(ids) - 16
+    ids, theirs = ids[real], theirs[real]
     ours = table.dequantize_all()[ids]
     assert ours.shape == theirs.shape == (len(ids), ngram.ROW_DIM)
     assert ngram.bits_of(table.shards[0].shape[1]) == exl3_real.meta(name)["ngram_table"]["K"]
