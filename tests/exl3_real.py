@@ -22,13 +22,32 @@ MAKE_CMD = (
 )
 
 
-def _make_fixtures():  # noqa: ANN202 (a module)
-    spec = importlib.util.spec_from_file_location("exl3_make_fixtures", ROOT / "make_fixtures.py")
+def _load_script(name: str, path: Path):  # noqa: ANN202 (a module)
+    """A script that is no package's module, imported from its file once per process under `name` (its
+    dataclasses look their module up in sys.modules)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return mod
+
+
+def _make_fixtures():  # noqa: ANN202 (a module)
+    return _load_script("exl3_make_fixtures", ROOT / "make_fixtures.py")
+
+
+def fixture_forward():  # noqa: ANN201 (a module)
+    """kernels/bench/fixture_forward.py: the fixtures' whole forward through the plugin's layer functions."""
+    return _load_script(
+        "kernels_bench_fixture_forward", ROOT.parents[2] / "kernels" / "bench" / "fixture_forward.py"
+    )
 
 
 FIXTURES = _make_fixtures().FIXTURES

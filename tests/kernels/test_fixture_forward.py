@@ -6,30 +6,19 @@ Seconds, not minutes: one batched forward per fixture (140 rows), a dense one an
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import exl3_real
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "kernels" / "bench"
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def ff():
-    spec = importlib.util.spec_from_file_location(
-        "kernels_bench_fixture_forward", BENCH / "fixture_forward.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    return exl3_real.fixture_forward()
 
 
 def _present(name: str) -> Path:

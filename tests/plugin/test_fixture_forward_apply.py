@@ -4,32 +4,13 @@ q/k/v with bias and gate/up, so the GPU check's model runs the linears exactly a
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import exl3_real
 import pytest
 import torch
 
 pytestmark = pytest.mark.vllm
 
-BENCH = Path(__file__).resolve().parents[2] / "kernels" / "bench"
 FIXTURE = "glm4moe-3.0-mul1"  # attention bias: the bias is added after the shards are merged
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "kernels_bench_fixture_forward", BENCH / "fixture_forward.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
 
 
 def _holder(lin) -> torch.nn.Module:
@@ -50,7 +31,7 @@ def test_merged_linear_equals_the_plugins_apply(vllm_env: object) -> None:
         pytest.skip(reason)
     from sparkctl_exl3.vllm_plugin.linear import EXL3LinearMethod
 
-    ff = _load_bench()
+    ff = exl3_real.fixture_forward()
     block = ff.FixtureModel(exl3_real.path(FIXTURE) / "model", torch.device("cpu")).blocks[0]
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(0))
     for lin in (block.qkv, block.mlp.gate_up):
