@@ -10,14 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
+#include "cuda_check.cuh"
 
 // A switch of the drivers' environment (EXL3_AB_PROBE_DURING=1, PHASE_CHAIN=1): set to a non-zero number.
 inline bool env_flag(const char* name) {
