@@ -31,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from . import reference
+from . import paths, reference
 
 __all__ = [
     "CODEBOOKS",
@@ -113,6 +113,7 @@ def exl3_gemm(
     x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook_id: int
 ) -> torch.Tensor:
     """y = x . W for an EXL3 layer; the reference decoder on every device without a kernel for it."""
+    paths.hit("linear-reference")
     return reference.matmul(x, trellis, suh, svh, _codebook_name(codebook_id))
 
 
@@ -125,6 +126,7 @@ def _exl3_gemm_cuda(
     if kernel is not None and _kernel_takes(kernel, x, trellis, suh, svh, codebook_id):
         reference.check_layer(trellis, suh, svh, codebook)
         rows = x.reshape(-1, x.shape[-1])
+        paths.hit("gemv")
         y = kernel.gemv(
             rows.contiguous(), trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id
         )
@@ -134,10 +136,12 @@ def _exl3_gemm_cuda(
         # more rows than the GEMV's 8: the kernel module picks GEMV groups or reconstruct + cuBLAS by its threshold
         reference.check_layer(trellis, suh, svh, codebook)
         rows = x.reshape(-1, x.shape[-1])
+        paths.hit("gemm-gemv" if rows.shape[0] < getattr(kernel, "PREFILL_MIN_ROWS", 0) else "gemm-recon")
         y = kernel.gemm(
             rows.contiguous(), trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id
         )
         return y.reshape(*x.shape[:-1], y.shape[-1])
+    paths.hit("linear-reference")
     return reference.matmul(x, trellis, suh, svh, codebook)
 
 
@@ -223,7 +227,9 @@ def exl3_weight(
     # the kernel takes fp16 scales on the trellis' device; anything else the reference takes runs there
     if reconstruct is not None and suh.dtype == svh.dtype == torch.float16 and suh.is_cuda and svh.is_cuda:
         reference.check_layer(trellis, suh, svh, _codebook_name(codebook_id))
+        paths.hit("weight-recon")
         return reconstruct(trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id)
+    paths.hit("weight-reference")
     return reference.weight(trellis, suh, svh, _codebook_name(codebook_id))
 
 

@@ -33,7 +33,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .. import ops, reference
+from .. import ops, paths, reference
 from . import settings, storage
 
 
@@ -321,6 +321,7 @@ def exl3_moe_forward(
     calls loop over the experts this rank holds (a fixed Python list), never over routing values.
     """
     if not x.is_cuda:
+        paths.hit("moe-routed-cpu")
         return _moe_routed(
             x,
             topk_weights,
@@ -335,6 +336,7 @@ def exl3_moe_forward(
     if fused is not None and not apply_router_weight_on_input and x.shape[0] <= FUSED_MAX_TOKENS:
         from .. import cuda
 
+        paths.hit("moe-fused")
         out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
         y = cuda.moe(x.to(torch.float16), topk_ids, topk_weights, fused, activation, out_dtype=out_dtype)  # type: ignore[arg-type]
         return y.to(x.dtype)
@@ -346,7 +348,9 @@ def exl3_moe_forward(
     ):
         y = _moe_prefill(x, topk_weights, topk_ids, experts, expert_ids, hidden, intermediate, activation)
         if y is not None:
+            paths.hit("moe-prefill")
             return y
+    paths.hit("moe-per-expert")
     act = ACTIVATIONS[activation]
     dtype = op_dtype_for(x)
     out = torch.zeros(x.shape[0], hidden, dtype=torch.float32, device=x.device)
