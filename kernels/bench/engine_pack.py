@@ -47,7 +47,8 @@ from pathlib import Path
 VLLM = "vllm==0.26.0"
 
 #: What vLLM 0.26.0's engine path (``vllm.LLM``, ``vllm serve``, the V1 engine core and GPU worker, torch.compile,
-#: the Llama / Qwen3-MoE / GLM-4-MoE (+MTP) model files) imports that the device image does not have. Versions: the
+#: the Llama / Qwen3-MoE / GLM-4-MoE (+MTP) model files, ``get_quantization_config``, which imports every method's
+#: module: compressed-tensors and loguru) imports that the device image does not have. Versions: the
 #: newest that vLLM 0.26.0's requirements admit. xgrammar (126 MB) and llguidance are not carried: vLLM loads them
 #: lazily, except for two dataclass annotations that :data:`FUTURE_ANNOTATIONS` defers.
 DEPS = (
@@ -55,9 +56,11 @@ DEPS = (
     "blake3==1.0.11",
     "cachetools==8.0.2",
     "cbor2==6.3.0",
+    "compressed-tensors==0.17.0",
     "fastapi==0.136.3",
     "httpx2==2.17.0",
     "jmespath==1.1.0",
+    "loguru==0.7.3",
     "model-hosting-container-standards==0.1.16",
     "msgspec==0.23.0",
     "openai-harmony==0.0.8",
