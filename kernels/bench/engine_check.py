@@ -453,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "kernels"), os.environ.get("PYTHONPATH", "")])
     )
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # FlashInfer is not carried (engine_pack.py): vLLM's own top-k/top-p sampler instead of importing it
+    env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"  # the vllm serve child inherits it
     running: list[tuple[dict, subprocess.Popen, float]] = []
     t0 = time.monotonic()
     serve_rec = None
