@@ -161,7 +161,9 @@ def decode_vs_prefill(llm, prompts, gens) -> dict:
 
 def engine_kwargs(cpu: bool) -> dict:
     """fp16 + Triton attention on the GPU; ``--cpu`` (the script's own test on a CPU vLLM): fp32, vLLM's CPU backend."""
-    return {"dtype": "float32"} if cpu else {"dtype": "float16", "attention_backend": "TRITON_ATTN"}
+    # 0.04: many jobs share one GPU, and vLLM refuses to start when free memory is below its utilisation share (run 3)
+    gpu = {"dtype": "float16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.04}
+    return {"dtype": "float32"} if cpu else gpu
 
 
 def run_job(name: str, mode: str, out: Path, cpu: bool = False) -> dict:
@@ -261,7 +263,15 @@ def run_serve(name: str, log: Path) -> dict:
     ]
     cmd += ["--served-model-name", name, "--dtype", "float16", "--attention-backend", "TRITON_ATTN"]
     cmd += ["--max-model-len", "512", "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 * 2**20)]
-    cmd += ["--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += [
+        "--gpu-memory-utilization",
+        "0.04",
+        "--no-enable-prefix-caching",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     rec: dict = {"fixture": name, "mode": "serve"}
     t0 = time.monotonic()
     with open(log, "w") as fh:
