@@ -25,6 +25,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include "exl3_common.cuh"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,34 +74,6 @@ __host__ __device__ constexpr int slots_offset(int out_features) { return (out_f
 constexpr int kRedStride = 132;            // fp32 row stride of the per-warp reduction buffer (bank-conflict pad)
 constexpr float kHadScale = 0.08838834764831845f;  // 1/sqrt(128)
 
-// Geometry of one rate. K2 = twice the bits per weight, so half-integer rates (mul1 1.5/2.5/3.5) fit one template.
-template <int K2>
-struct Rate {
-  // Bits carried by trellis position j (SPEC 2.5: odd positions take the extra bit at half-integer rates).
-  __host__ __device__ static constexpr int width(int j) { return (K2 & 1) ? (K2 / 2 + (j & 1)) : K2 / 2; }
-  // Ring bit just past position e of a lane's 8 positions, relative to the lane's first bit.
-  __host__ __device__ static constexpr int end(int e) {
-    int s = 0;
-    for (int i = 0; i <= e; ++i) s += width(i);
-    return s;
-  }
-  // Start of state e's 16-bit window relative to the start of state 0's window.
-  __host__ __device__ static constexpr int off(int e) { return end(e) - end(0); }
-  static constexpr int kSpan = off(7) + 16;            // bits one lane needs
-  static constexpr int kRingBits = 128 * K2;           // 256 * K
-  static constexpr int kTileWords = 4 * K2;            // 32-bit words per 16x16 tile
-  static constexpr int kTileBytes = 16 * K2;
-  static constexpr int kSlabBytes = 8 * kTileBytes;    // 8 tiles = one 16 x 128 slab
-  static constexpr int kSlabUnits = kSlabBytes / 16;   // 16-byte cp.async units per slab
-  // A lane's window starts at bit 4*K2*lane + end(0) - 16; when 4*K2 is a multiple of 32 that offset within a
-  // word is the same for every lane and known here, so the extraction shifts become constants.
-  static constexpr bool kFixed = (K2 % 8) == 0;
-  static constexpr int kFixedO = (((end(0) - 16) % 32) + 32) % 32;
-  static constexpr int kNormWords = (kSpan + 31) / 32;
-  static constexpr int kRawWords = kFixed ? (kFixedO + kSpan + 31) / 32 : kNormWords + 1;
-  static_assert(kRawWords <= kTileWords, "window longer than a tile");
-};
-
 // cp.async ring depth per warp for blocks of NW warps: up to 32 KiB in flight per block, 2..8 stages, a power of
 // two (SlabRing).
 constexpr int kRingKiB = 32;
@@ -113,64 +87,6 @@ __host__ __device__ constexpr int ring_stages() {
 // Small device helpers
 // ---------------------------------------------------------------------------------------------------------------
 
-// Trellis bytes are read once per call: .cg keeps them out of L1.
-__device__ __forceinline__ void cp_async16_at(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  cp_async16_at(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem);
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Programmatic dependent launch (sm_90+): wait until the kernel before this one has finished and its writes are
-// visible. Everything issued before this call must not depend on earlier kernels.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// Lets the next kernel on the stream be scheduled now rather than at block exit (its griddepcontrol.wait still waits
-// for this grid to end and its memory to be visible, so this is only about when its blocks get launched).
-__device__ __forceinline__ void trigger_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
-  uint32_t u;
-  memcpy(&u, &h, 4);
-  return u;
-}
-__device__ __forceinline__ __half2 u32_as_h2(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, 4);
-  return h;
-}
-
-// 16 bits at bit offset OFF (MSB first) of the word sequence w[0], w[1], ...
-template <int OFF, int NW>
-__device__ __forceinline__ uint32_t bits16(const uint32_t (&w)[NW]) {
-  constexpr int q = OFF / 32;
-  constexpr int r = OFF % 32;
-  if constexpr (r + 16 <= 32) {
-    static_assert(q < NW, "window past the loaded words");
-    constexpr int sh = 16 - r;
-    if constexpr (sh == 0) return w[q] & 0xFFFFu;
-    else if constexpr (sh == 16) return w[q] >> 16;
-    else if constexpr (sh == 8) return __byte_perm(w[q], 0u, 0x4421);
-    else return (w[q] >> sh) & 0xFFFFu;
-  } else {
-    static_assert(q + 1 < NW, "window past the loaded words");
-    return __funnelshift_r(w[q + 1], w[q], 48 - r) & 0xFFFFu;
-  }
-}
-
 // The mul1 codebook decoded through the integer tensor cores (gemv_i8_kernel): a template codebook id of its own.
 constexpr int kMul1Int = 3;
 
@@ -179,18 +95,18 @@ constexpr int kMul1Int = 3;
 template <int CB>
 __device__ __forceinline__ uint32_t cb_hash(uint32_t s) {
   if constexpr (CB == 0 || CB == 1) {
-    const uint32_t x = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
-    // (x & 0x8FFF8FFF) ^ 0x3B603B60 as ONE lop3 (LUT 0x6A): written plainly, ptxas emits two LOP3s with an
+    const uint32_t x = cb_mix<CB>(s);
+    // (x & kHashMask) ^ kHashXor as ONE lop3 (LUT 0x6A): written plainly, ptxas emits two LOP3s with an
     // immediate each rather than keep the xor constant in a register.
     uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(r) : "r"(x), "n"(0x8FFF8FFF), "r"(0x3B603B60u));
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(r) : "r"(x), "n"(kHashMask), "r"(kHashXor));
     return r;
   } else if constexpr (CB == 2) {
-    const uint32_t x = s * 0x83DCD12Du;
+    const uint32_t x = cb_mix<2>(s);
     return __dp4a(x, 0x01010101u, 0x6400u);
   } else {
     // kMul1Int: the hashed word itself; its four bytes are summed by the integer mma (gemv_i8_kernel)
-    return s * 0x83DCD12Du;
+    return cb_mix<2>(s);
   }
 }
 
@@ -204,8 +120,6 @@ __device__ __forceinline__ uint32_t cb_hash(uint32_t s) {
 // kernel's busiest pipe). The products and sums are fp32, so the only difference from
 // the spec's rounded fp16 weights is that rounding (about 2^-12 relative per weight), well inside the 1e-3
 // tolerance on y that the reference paths themselves have.
-constexpr float kMul1Inv = 0.00676727294921875f;  // fp16 0x1EEE
-constexpr float kMul1Bias = -10.3828125f;         // fp16 0xC931
 
 template <int K2, int CB, int BASE, int NW>
 struct TileDecoder {
@@ -262,22 +176,6 @@ struct TileDecoder {
     }
   }
 };
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Integer mma: A = 16x32 unsigned bytes (the mul1 hashes, four bytes per weight), B = 32x8 signed bytes (x' parts,
-// each repeated four times), C = exact int32 sums.
-__device__ __forceinline__ void imma_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Unnormalised 128-point Sylvester Hadamard over a warp: lane l holds elements 4l..4l+3 (natural order).
 __device__ __forceinline__ void had128_warp(float (&v)[4], int lane) {
@@ -826,7 +724,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_kernel(const Kernel
 // Up to 4 rows (8 columns: hi and lo of each) fit one group. 5..8 rows would take a second group (G = 2: four mmas
 // per tile); they go through fp16 x' and one fp16 mma per tile instead (half_slabs).
 constexpr float kQMax = 32639.0f;                  // |q| <= 32639 keeps hi = (q + 128) >> 8 within [-127, 127]
-constexpr float kMul1C0 = -3.453125f;              // 1024 * k_inv + k_bias, exact (the value of s = 0)
 
 // 1 / (the quantisation step) for a warp maximum mx: |x' * inv| <= kQMax. One MUFU.RCP (within 1 ulp, which the
 // rounding in quantise_word absorbs: kQMax * (1 + 2^-22) still rounds to kQMax) instead of a division's
@@ -929,11 +826,6 @@ struct XprepI8 {
   }
 };
 
-// fp16 pair (s * H[i][j], s * H[i][j + 1]) of the Sylvester Hadamard H[i][j] = (-1)^popc(i & j)
-__device__ __forceinline__ uint32_t had_pair(int i, int j, uint32_t pos, uint32_t neg) {
-  return ((__popc(i & j) & 1) ? neg : pos) | (((__popc(i & (j + 1)) & 1) ? neg : pos) << 16);
-}
-
 // stage 1: p += (H16 / 16) . (x * suh)^T, the product rounded to fp16 as exllamav3 rounds it
 __device__ __forceinline__ void xsuh_mma(float (&p)[4], const uint32_t (&h16)[4], uint2 xv, uint2 sv) {
   mma_16816(p, h16, h2_as_u32(__hmul2(u32_as_h2(xv.x), u32_as_h2(sv.x))),
@@ -965,13 +857,6 @@ __device__ __forceinline__ HadFrags had_frags(int lane) {
   f.h16[3] = had_pair(g + 8, 2 * c + 8, kP16, kN16);
   f.h8 = had_pair(g, 2 * c, 0x3C00u, 0xBC00u);
   return f;
-}
-// fp16 hi and lo parts of (a, b): hi = rn(a, b), lo = rn of the remainders
-__device__ __forceinline__ void split_h2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(h);
-  hi = h2_as_u32(h);
-  lo = h2_as_u32(__floats2half2_rn(a - hf.x, b - hf.y));
 }
 __device__ __forceinline__ void xprime_mma(uint2 xv, uint2 sv, const HadFrags& f, float (&v)[4]) {
   float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1702,6 +1587,17 @@ KernelInfo info_i8() {
                     kRowCap > 4 ? 2 : 1, kWarpsI8, half_rows(kRowCap)};
 }
 
+// The fp16 kernel of rate K2 for codebook cb: every codebook when kAll (EXL3_RATES), else mul1 only.
+template <int K2, bool kAll>
+bool info_fp16(int cb, KernelInfo* out) {
+  if constexpr (kAll) {
+    if (cb == 0) *out = info_of<K2, 0>();
+    if (cb == 1) *out = info_of<K2, 1>();
+  }
+  if (cb == 2) *out = info_of<K2, 2>();
+  return cb == 2 || (kAll && (cb == 0 || cb == 1));
+}
+
 // The process's tuning: the defaults, overridden once by the environment (so a whole run can be switched from the
 // shell), afterwards only by exl3_gemv_set_tuning. Every plan takes a copy, so a change never reaches half a call.
 std::mutex g_tuning_mu;
@@ -1734,14 +1630,14 @@ Exl3GemvTuning current_tuning() {
   return g_tuning;
 }
 
-// The compiled configurations: integer K 1..8 with every codebook, half-integer 1.5/2.5/3.5 with mul1 only; mul1
-// in both the fp16 and the integer kernel. The integer kernel has four row classes: one row (its own B layout and
+// The compiled configurations: the rates of EXL3_RATES (exl3_common.cuh: integer K 1..8 with every codebook,
+// half-integer 1.5/2.5/3.5 with mul1 only); mul1 in both the fp16 and the integer kernel. The integer kernel has four row classes: one row (its own B layout and
 // prologue), 2 rows and 3-4 rows (one column group; the prologue computes the class's rows together, so 2 rows do
 // not pay for 4) and 5-8 rows (fp16 x' and one fp16 mma per tile, half_slabs). mul1 takes the integer kernel up to
 // the tuning's i8_max_rows (default 8: it beats the fp16 kernel's block-wide x' at every row count).
 bool find_kernel(int k2, int cb, int m, const Exl3GemvTuning& t, KernelInfo* out) {
   if (cb == 2 && m <= t.i8_max_rows && !t.mul1_fp16) {
-#define EXL3_I8(K2_)                                                                 \
+#define EXL3_I8(K2_, ALL_)                                                           \
   if (k2 == K2_) {                                                                   \
     *out = m == 1   ? info_i8<K2_, 1>()                                             \
            : m == 2 ? info_i8<K2_, 2>()                                             \
@@ -1749,30 +1645,14 @@ bool find_kernel(int k2, int cb, int m, const Exl3GemvTuning& t, KernelInfo* out
                     : info_i8<K2_, 8>();                                            \
     return true;                                                                     \
   }
-    EXL3_I8(2) EXL3_I8(3) EXL3_I8(4) EXL3_I8(5) EXL3_I8(6) EXL3_I8(7) EXL3_I8(8)
-    EXL3_I8(10) EXL3_I8(12) EXL3_I8(14) EXL3_I8(16)
+    EXL3_RATES(EXL3_I8)
 #undef EXL3_I8
     return false;
   }
-#define EXL3_CASE(K2_, CB_)                \
-  if (k2 == K2_ && cb == CB_) {            \
-    *out = info_of<K2_, CB_>();            \
-    return true;                           \
-  }
-#define EXL3_CASES_INT(K2_) EXL3_CASE(K2_, 0) EXL3_CASE(K2_, 1) EXL3_CASE(K2_, 2)
-  EXL3_CASES_INT(2)
-  EXL3_CASES_INT(4)
-  EXL3_CASES_INT(6)
-  EXL3_CASES_INT(8)
-  EXL3_CASES_INT(10)
-  EXL3_CASES_INT(12)
-  EXL3_CASES_INT(14)
-  EXL3_CASES_INT(16)
-  EXL3_CASE(3, 2)
-  EXL3_CASE(5, 2)
-  EXL3_CASE(7, 2)
-#undef EXL3_CASES_INT
-#undef EXL3_CASE
+#define EXL3_FP16(K2_, ALL_) \
+  if (k2 == K2_) return info_fp16<K2_, ALL_>(cb, out);
+  EXL3_RATES(EXL3_FP16)
+#undef EXL3_FP16
   return false;
 }
 
@@ -1832,11 +1712,7 @@ int check_shape(int m, int in_features, int out_features, int k2, int codebook) 
   if (codebook < 0 || codebook > 2) return EXL3_ERR_CODEBOOK;
   if (k2 < 2 || k2 > 16) return EXL3_ERR_BITS;
   if ((k2 & 1) && codebook != 2) return EXL3_ERR_CODEBOOK;
-  KernelInfo k;
-  Exl3GemvTuning fp16_only{};  // every supported pair has an fp16 instance, whatever the tuning picks
-  fp16_only.mul1_fp16 = 1;
-  if (!find_kernel(k2, codebook, m, fp16_only, &k)) return EXL3_ERR_BITS;
-  return EXL3_OK;
+  return rate_compiled(k2, codebook) ? EXL3_OK : EXL3_ERR_BITS;
 }
 
 int smem_for_chunks(const Exl3GemvParams* p, const KernelInfo& k, int max_chunks, bool prepped) {
@@ -1984,7 +1860,7 @@ cudaError_t launch(const void* fn, dim3 grid, int smem, cudaStream_t stream, voi
 // The fused MoE's kernel for a rate: the one-row integer kernel's geometry (its plan), the MoE entry point.
 // The fused MoE's kernel for a rate and its geometry (the one-row integer kernel's, in blocks of kWarpsMoe warps).
 bool moe_kernel(int k2, bool act_in, const void** fn, KernelInfo* info) {
-#define EXL3_MOE(K2_)                                                                                              \
+#define EXL3_MOE(K2_, ALL_)                                                                                        \
   if (k2 == K2_) {                                                                                                 \
     if (fn)                                                                                                        \
       *fn = act_in ? reinterpret_cast<const void*>(moe_i8_kernel<K2_, true>)                                      \
@@ -1992,8 +1868,7 @@ bool moe_kernel(int k2, bool act_in, const void** fn, KernelInfo* info) {
     if (info) *info = KernelInfo{nullptr, ring_stages<K2_, kWarpsMoe>() * Rate<K2_>::kSlabBytes, 1, kWarpsMoe, false}; \
     return true;                                                                                                   \
   }
-  EXL3_MOE(2) EXL3_MOE(3) EXL3_MOE(4) EXL3_MOE(5) EXL3_MOE(6) EXL3_MOE(7) EXL3_MOE(8)
-  EXL3_MOE(10) EXL3_MOE(12) EXL3_MOE(14) EXL3_MOE(16)
+  EXL3_RATES(EXL3_MOE)
 #undef EXL3_MOE
   return false;
 }
