@@ -224,7 +224,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                         "gemv", case, rel_err(y, x.float() @ w), REL_TOL, "" if landed else "(not poisoned)"
                     )
 
-    # 2b'. whole chunks per warp (chunk_runs in exl3_gemv.cu): 28 input chunks in one block, 12 warps taking 2 and 4
+    # 2b'. whole chunks per warp (chunk_runs in exl3_gemv_i8.cuh): 28 input chunks in one block, 12 warps taking 2 and 4
     # taking 1, in every row class of the integer kernel
     trellis, suh, svh = random_layer(3584, 512, 4, gen, dev)
     w = reference.weight(trellis, suh, svh, "mul1").float()

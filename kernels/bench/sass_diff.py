@@ -52,8 +52,8 @@ _FUNCTION = re.compile(r"^\s*Function : (?P<name>\S+)\s*$")
 
 
 def split_functions(sass: str) -> dict[str, str]:
-    """cuobjdump -sass output -> {symbol: listing}. A listing's addresses are relative to its function's start, so
-    the same code compiled in another file or another order gives the same text."""
+    """cuobjdump -sass output -> {symbol: listing}. A listing's addresses are relative to its function's start and
+    its spacing is normalised, so the same code compiled in another file or another order gives the same text."""
     functions: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in sass.splitlines():
@@ -63,7 +63,7 @@ def split_functions(sass: str) -> dict[str, str]:
             if line.strip().startswith((".section", "Fatbin", "=====", "code for", "arch =", "host =")):
                 current = None
                 continue
-            current.append(line.rstrip())
+            current.append(" ".join(line.split()))  # cuobjdump pads columns to the file's longest line
     return {name: "\n".join(lines).strip() for name, lines in functions.items()}
 
 

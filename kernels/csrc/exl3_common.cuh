@@ -3,7 +3,7 @@
 //
 // Why one header: the format helpers and the lists of compiled rates were written out in each kernel file and again
 // in the Python benches, so a rate or a constant changed in one place and not in the others either failed to build or
-// went unchecked. Every kernel family (exl3_gemv.cu, exl3_gemv_i8.cu, exl3_moe.cu, exl3_recon.cu, exl3_ngram.cu) and
+// went unchecked. Every kernel family (exl3_gemv.cu, exl3_gemv_i8.cu, exl3_moe.cuh, exl3_recon.cu, exl3_ngram.cu) and
 // the host planner (exl3_plan.cu) include this file; the Python benches read EXL3_RATES from it
 // (kernels/bench/compiled_rates.py), so nothing restates the list.
 //

@@ -207,6 +207,10 @@ def test_loader_without_gpu_is_unavailable_with_reason() -> None:
         cuda.gemv(x, trellis, suh, svh, 2)
 
 
+# The GEMV's objects, linked together: the planner (exl3_plan.cu, the C ABI) and the kernel families it plans for
+# (exl3_gemv_i8.cu compiles the fused MoE's exl3_moe.cuh too).
+GEMV_OBJECTS = ("exl3_plan", "exl3_gemv", "exl3_gemv_i8")
+
 # The status codes of kernels/csrc/exl3_gemv.h (Exl3GemvStatus).
 EXL3_OK, EXL3_ERR_ROWS, EXL3_ERR_SHAPE, EXL3_ERR_BITS, EXL3_ERR_CODEBOOK = 0, 1, 2, 3, 4
 
@@ -236,7 +240,7 @@ def test_the_one_shape_rule(nvcc_build: tuple[Path, str], tmp_path: Path) -> Non
             "-std=c++17",
             f"-I{KERNELS / 'csrc'}",
             str(main),
-            str(out / "sm_90" / "exl3_gemv.o"),
+            *(str(out / "sm_90" / f"{name}.o") for name in GEMV_OBJECTS),
             "-o",
             str(prog),
         ],
@@ -354,7 +358,7 @@ def test_reconstruction_refuses_bad_launches_on_the_host(
     main = tmp_path / "recon.cpp"
     main.write_text(_RECON_MAIN)
     prog = tmp_path / "recon"
-    objs = [str(out / "sm_90" / "exl3_recon.o"), str(out / "sm_90" / "exl3_gemv.o")]
+    objs = [str(out / "sm_90" / f"{name}.o") for name in ("exl3_recon", *GEMV_OBJECTS)]
     link = subprocess.run(
         [NVCC, "-std=c++17", f"-I{KERNELS / 'csrc'}", str(main), *objs, "-o", str(prog)],
         capture_output=True,
