@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: nvcc failed for {src.name} ({arch}):\n{output}", file=sys.stderr)
             continue
         found = parse_ptxas(output, src.name)
-        if not found:
+        if not found and "__global__" in src.read_text():  # a host-only source (the planner) has no report
             failed = True
             print(f"error: no ptxas report for {src.name} ({arch}); output was:\n{output}", file=sys.stderr)
         reports.extend(found)

@@ -13,7 +13,7 @@
 // fp16 output (fixed inputs, weight set 0) to OUT_PREFIX.<case index>.bin.
 // EXL3_AB_WARM_MS=N replays the graph for N ms before the timed replays, for a card that ramps its SM clock slowly
 // (the H200 does not ramp: it changed nothing there, kernels/PERF.md run 85).
-#include "../csrc/exl3_gemv.cu"
+#include "gemv_sources.cuh"
 #include "gemv_case.cuh"
 
 #include <algorithm>

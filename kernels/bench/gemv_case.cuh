@@ -3,7 +3,7 @@
 // filled with fixed pseudo-random data (never zeros: kernels/PERF.md's METHOD note).
 //
 // Why shared: both drivers time the same launcher on the same kind of inputs; one setup keeps their numbers
-// comparable. Include after exl3_gemv.cu.
+// comparable. Include after gemv_sources.cuh.
 #pragma once
 
 #include <cstdio>

@@ -46,6 +46,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent))
 
+import compiled_rates  # noqa: E402
 from sparkctl_exl3 import reference  # noqa: E402
 
 FLOOR_GBS = 4000.0  # issue 23: the H200 bandwidth floor at 4.0 TB/s
@@ -506,8 +507,10 @@ def run_checks(args: argparse.Namespace, ours: Ours, peer: Peer, log: Callable[[
     chk.peer_gemm(gen)
     # every K and codebook on a small layer, tokens 1..8 and one prefill size, routings rotated
     kinds = ("random", "dup", "same")
-    rates = [(float(k), cb) for cb in reference.CODEBOOKS for k in range(1, 9)] + [
-        (k, "mul1") for k in (1.5, 2.5, 3.5)
+    # every compiled rate and codebook (csrc/exl3_common.cuh, EXL3_RATES): codebook by codebook, then the half rates
+    every = [k2 for k2, all_cbs in compiled_rates.compiled_rates() if all_cbs]
+    rates = [(k2 / 2, cb) for cb in reference.CODEBOOKS for k2 in every] + [
+        (k2 / 2, "mul1") for k2, all_cbs in compiled_rates.compiled_rates() if not all_cbs
     ]
     for i, (bits, cb) in enumerate(rates):
         experts = random_experts(16, 1024, 512, bits, cb, seed=args.seed + 100 + i, device=dev)

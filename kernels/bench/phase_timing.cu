@@ -2,7 +2,7 @@
 // main loop, end of block) from clock64/globaltimer stamps (stamps.cuh fills the kernel's phase hooks).
 //
 // Why: the kernel's time is not explained by its main loop alone (kernels/PERF.md run 20); ncu's warp samples
-// say how warps stall, not when blocks start and end. No torch: this drives the C ABI of exl3_gemv.cu directly.
+// say how warps stall, not when blocks start and end. No torch: this drives the GEMV's C ABI (exl3_gemv.h) directly.
 //     nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/csrc -o /tmp/phase kernels/bench/phase_timing.cu
 //     /tmp/phase 4096 14336 4 2 1 [ksplit]      # I O k2 codebook rows [ksplit]
 // -DEXL3_TIMING_GT also stamps every phase with %globaltimer (wall-clock ns) at the same instants as clock64 and
@@ -10,7 +10,7 @@
 // the environment stamps the last of 8 back-to-back launches (its start overlapped by its predecessor's end, as in
 // the timed graphs) instead of a launch that runs alone after a synchronisation (kernels/PERF.md run 86).
 #include "stamps.cuh"  // before the kernel: it defines the kernel's phase hooks
-#include "../csrc/exl3_gemv.cu"
+#include "gemv_sources.cuh"
 #include "gemv_case.cuh"
 
 #include <algorithm>

@@ -46,10 +46,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent))
 
+import compiled_rates  # noqa: E402
 from sparkctl_exl3 import reference  # noqa: E402
 
 CODEBOOKS = reference.CODEBOOKS
-RATES_K2 = (2, 4, 6, 8, 10, 12, 14, 16, 3, 5, 7)  # twice the bits per weight; odd = half rates (mul1 only)
+# twice the bits per weight, as the kernels are compiled (csrc/exl3_common.cuh, EXL3_RATES); odd = mul1 only
+RATES_K2 = compiled_rates.rates_k2()
 REL_TOL = 1e-3
 GB10_GBS = 273.0  # LPDDR5x, NVIDIA's DGX Spark datasheet
 # fp16 mma with fp32 accumulation on the GB10: 1 PFLOP FP4 with sparsity (NVIDIA) = 500 dense, halved per precision
@@ -120,9 +122,8 @@ def check_weights(ck: Checks, gen: torch.Generator) -> None:
 
     in_f, out_f = 384, 512
     for k2 in RATES_K2:
-        for cb_id, cb in enumerate(CODEBOOKS):
-            if k2 % 2 and cb != "mul1":
-                continue
+        for cb in compiled_rates.codebooks(k2):
+            cb_id = CODEBOOKS.index(cb)
             trellis, suh, svh = random_layer(in_f, out_f, k2, gen)
             ref = reference.weight(trellis, suh, svh, cb)
             w, landed = poisoned(

@@ -5,7 +5,9 @@
 // Why a torch-free driver: as for ab_time.cu, the torch extension takes ~90 s to build on the device machine and
 // this builds in seconds, so one device call can build and time several variants. The full check against the
 // reference (prefill_bench.py, tests/kernels/test_prefill_cuda.py) stays on the variant that is kept.
-//     nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/csrc -DRECON_SRC='"/path/to/variant.cu"' -o /tmp/rab kernels/bench/recon_ab.cu
+//     nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/csrc -DRECON_SRC='"/path/to/variant.cu"' -o /tmp/rab kernels/bench/recon_ab.cu \
+//         kernels/build/nvcc/sm_90/{exl3_plan,exl3_gemv,exl3_gemv_i8}.o
+//   (the GEMV's objects from `make kernels`, for the shape rule exl3_recon_supports shares with it)
 //     /tmp/rab OUT_PREFIX I O k2 codebook [I O k2 codebook ...]
 // For each case prints "I O k2 cb us min_us": us is the median of 15 replays of a graph of 8 launches, each on its
 // own weight set (so the trellis comes from HBM and W goes to HBM, as in a prefill), min_us the fastest replay; the

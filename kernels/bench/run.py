@@ -33,12 +33,15 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import compiled_rates  # noqa: E402
 from sparkctl_exl3 import reference  # noqa: E402
 
 CODEBOOKS = reference.CODEBOOKS  # ("3inst", "mcg", "mul1"), index = codebook id
-RATES_K2 = (2, 4, 6, 8, 10, 12, 14, 16, 3, 5, 7)  # twice the bits per weight; odd = half-integer (mul1 only)
+# twice the bits per weight, as the kernels are compiled (csrc/exl3_common.cuh, EXL3_RATES); odd = mul1 only
+RATES_K2 = compiled_rates.rates_k2()
 HBM_PEAK_GBS = 4800.0  # H200 datasheet; the measured copy bandwidth is reported next to it
 REL_TOL = 1e-3  # SPEC/VECTORS: y within 1e-3 relative error
 # exllamav3 computed these y1 with its int8-activation GEMV (SPEC 5, exl3_gemv_int8): they differ from the exact
@@ -172,9 +175,8 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
     gen = torch.Generator().manual_seed(args.seed)
     shapes = [(128, 128), (256, 384), (640, 256), (1024, 1152), (2176, 512), (4096, 1024)]
     for k2 in RATES_K2:
-        for cb_id, cb in enumerate(CODEBOOKS):
-            if k2 % 2 and cb != "mul1":
-                continue
+        for cb in compiled_rates.codebooks(k2):
+            cb_id = CODEBOOKS.index(cb)
             for si, (in_f, out_f) in enumerate(shapes):
                 trellis, suh, svh = random_layer(in_f, out_f, k2, gen, dev)
                 w = reference.weight(trellis, suh, svh, cb).float()
@@ -222,7 +224,7 @@ def _gemv_check(args: argparse.Namespace) -> Iterator[CheckResult]:
                         "gemv", case, rel_err(y, x.float() @ w), REL_TOL, "" if landed else "(not poisoned)"
                     )
 
-    # 2b'. whole chunks per warp (chunk_runs in exl3_gemv.cu): 28 input chunks in one block, 12 warps taking 2 and 4
+    # 2b'. whole chunks per warp (chunk_runs in exl3_gemv_i8.cuh): 28 input chunks in one block, 12 warps taking 2 and 4
     # taking 1, in every row class of the integer kernel
     trellis, suh, svh = random_layer(3584, 512, 4, gen, dev)
     w = reference.weight(trellis, suh, svh, "mul1").float()

@@ -1,5 +1,5 @@
-// Phase stamps for kernels/bench/phase_timing.cu: include BEFORE ../csrc/exl3_gemv.cu, whose EXL3_STAMP hooks are
-// empty otherwise.
+// Phase stamps for kernels/bench/phase_timing.cu: include BEFORE gemv_sources.cuh (the GEMV's kernels), whose
+// EXL3_STAMP hooks (exl3_gemv_device.cuh) are empty otherwise.
 //
 // Why a bench-only header: the product kernels must not carry timing code; this one defines the hooks so that thread 0
 // of each block writes clock64() at fixed points of the block's life (1..5), plus %globaltimer at its start (0) and

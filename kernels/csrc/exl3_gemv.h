@@ -1,4 +1,4 @@
-// C ABI of the EXL3 GEMV kernel (kernels/csrc/exl3_gemv.cu).
+// C ABI of the EXL3 GEMV and fused MoE (the planner kernels/csrc/exl3_plan.cu; the kernels exl3_gemv.cu, exl3_gemv_i8.cu, exl3_moe.cuh).
 //
 // Why a plain C interface: the .cu files must compile with nvcc alone (no torch headers) so that `make kernels`
 // and CI can build and check them on a machine without torch's CUDA build; the torch binding (bindings.cpp) is a

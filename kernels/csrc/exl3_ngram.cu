@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "exl3_common.cuh"
 #include "exl3_ngram.h"
 
 namespace exl3_ngram {
@@ -22,10 +23,10 @@ constexpr int kMaxWords = 1 + EXL3_NGRAM_MAX_DIM * 8 / 16;
 // mul1 codebook (SPEC 2.3): hash, byte sum s, then (1024 + s) * k_inv + k_bias rounded to fp16 once. In fp32 the
 // product (11 x 11 significant bits) and the sum (a multiple of 2^-18 below 16) are exact.
 __device__ __forceinline__ float mul1_value(uint32_t state) {
-  const uint32_t x = state * 0x83DCD12Du;
+  const uint32_t x = exl3::cb_mix<2>(state);
   const uint32_t s = (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
-  const float k_inv = __half2float(__ushort_as_half(static_cast<unsigned short>(0x1EEE)));
-  const float k_bias = __half2float(__ushort_as_half(static_cast<unsigned short>(0xC931)));
+  const float k_inv = __half2float(__ushort_as_half(exl3::kMul1InvBits));
+  const float k_bias = __half2float(__ushort_as_half(exl3::kMul1BiasBits));
   return __half2float(__float2half_rn(static_cast<float>(1024u + s) * k_inv + k_bias));
 }
 

@@ -30,11 +30,18 @@
 
 #include <atomic>
 
+#include "exl3_common.cuh"
+
 // float2 + and - for the read phase's butterfly (two columns at once).
 __device__ __forceinline__ float2 operator+(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float2 operator-(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
 
 namespace exl3_recon {
+
+using exl3::Rate;
+using exl3::h2_as_u32;
+using exl3::u32_as_h2;
+using exl3::mma_16816;
 
 constexpr int kThreads = 256;    // 8 warps: warp w owns column tile w of the block in stage 1
 constexpr int kMinBlocks = 2;    // register budget: 65536 / (256 * 2) = 128 per thread
@@ -62,88 +69,23 @@ struct Args {
   int items;      // n_layers * kblocks * nblocks
 };
 
-// Geometry of one rate. K2 = twice the bits per weight (half-integer rates: odd positions carry the extra bit).
-template <int K2>
-struct Rate {
-  __host__ __device__ static constexpr int width(int j) { return (K2 & 1) ? (K2 / 2 + (j & 1)) : K2 / 2; }
-  // Ring bit just past position e of a lane's 8 positions, relative to the lane's first bit (4*K2*lane).
-  __host__ __device__ static constexpr int end(int e) {
-    int s = 0;
-    for (int i = 0; i <= e; ++i) s += width(i);
-    return s;
-  }
-  static constexpr int kRingBits = 128 * K2;             // 256 * K
-  static constexpr int kTileWords = 4 * K2;              // 32-bit words per 16x16 tile
-  static constexpr int kTileBytes = 16 * K2;
-  static constexpr int kBlockBytes = 64 * kTileBytes;    // the 8 x 8 tiles of a 128 x 128 block
-  static constexpr int kBlockUnits = kBlockBytes / 16;   // 16-byte cp.async units
-  static constexpr int kRowUnits = 8 * kTileBytes / 16;  // units per tile row of the block (contiguous in memory)
-  // Start of state e's 16-bit window relative to state 0's, and the bits a lane needs.
-  __host__ __device__ static constexpr int off(int e) { return end(e) - end(0); }
-  static constexpr int kSpan = off(7) + 16;
-  static constexpr int kNormWords = (kSpan + 31) / 32;  // words once the first window starts at bit 0
-  static constexpr int kRawWords = kNormWords + 1;      // words as stored (the first window starts anywhere)
-  static_assert(kRawWords <= kTileWords, "a lane's window is longer than a tile");
-};
-
-// 16 bits at bit OFF (MSB first) of w[0], w[1], ...: one shift (or PRMT-free SHR) or one funnel shift.
-template <int OFF, int NW>
-__device__ __forceinline__ uint32_t bits16(const uint32_t (&w)[NW]) {
-  constexpr int q = OFF / 32, r = OFF % 32;
-  if constexpr (r + 16 <= 32) {
-    static_assert(q < NW, "window past the loaded words");
-    return (w[q] >> (16 - r)) & 0xFFFFu;
-  } else {
-    static_assert(q + 1 < NW, "window past the loaded words");
-    return __funnelshift_l(w[q + 1], w[q], r) >> 16;
-  }
-}
-
 // The lane's 8 states from its normalised words (state e's window starts at bit off(e)).
 template <int K2, int NW>
 __device__ __forceinline__ void cut_states(const uint32_t (&w)[NW], uint32_t (&st)[8]) {
   using R = Rate<K2>;
-  st[0] = bits16<R::off(0), NW>(w);
-  st[1] = bits16<R::off(1), NW>(w);
-  st[2] = bits16<R::off(2), NW>(w);
-  st[3] = bits16<R::off(3), NW>(w);
-  st[4] = bits16<R::off(4), NW>(w);
-  st[5] = bits16<R::off(5), NW>(w);
-  st[6] = bits16<R::off(6), NW>(w);
-  st[7] = bits16<R::off(7), NW>(w);
+  st[0] = exl3::bits16_shift<R::off(0), NW>(w);
+  st[1] = exl3::bits16_shift<R::off(1), NW>(w);
+  st[2] = exl3::bits16_shift<R::off(2), NW>(w);
+  st[3] = exl3::bits16_shift<R::off(3), NW>(w);
+  st[4] = exl3::bits16_shift<R::off(4), NW>(w);
+  st[5] = exl3::bits16_shift<R::off(5), NW>(w);
+  st[6] = exl3::bits16_shift<R::off(6), NW>(w);
+  st[7] = exl3::bits16_shift<R::off(7), NW>(w);
 }
 
 template <int K2>
 __host__ __device__ constexpr int smem_bytes() {
   return 2 * Rate<K2>::kBlockBytes + 2 * kRoundRows * kXStride * 4;
-}
-
-__device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
-  uint32_t u;
-  memcpy(&u, &h, 4);
-  return u;
-}
-__device__ __forceinline__ __half2 u32_as_h2(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, 4);
-  return h;
-}
-
-// The "memory" clobbers keep the compiler's own shared-memory accesses on their side of each copy and wait.
-__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two states to their fp16 values (SPEC 2.3), as one half2 (s0 in the low half).
@@ -152,35 +94,23 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
   if constexpr (CB == 2) {
     // mul1: DP4A gives the fp16 bits of 1024 + byte sum; then ONE fused fp16 FMA (a separate multiply and add
     // would round twice and differ for 822 of the 1021 sums).
-    const uint32_t h0 = __dp4a(s0 * 0x83DCD12Du, 0x01010101u, 0x6400u);
-    const uint32_t h1 = __dp4a(s1 * 0x83DCD12Du, 0x01010101u, 0x6400u);
-    const __half2 k_inv = u32_as_h2(0x1EEE1EEEu), k_bias = u32_as_h2(0xC931C931u);
+    const uint32_t h0 = __dp4a(exl3::cb_mix<2>(s0), 0x01010101u, 0x6400u);
+    const uint32_t h1 = __dp4a(exl3::cb_mix<2>(s1), 0x01010101u, 0x6400u);
+    const __half2 k_inv = u32_as_h2(exl3::kMul1InvBits * 0x10001u), k_bias = u32_as_h2(exl3::kMul1BiasBits * 0x10001u);
     return h2_as_u32(__hfma2(u32_as_h2(__byte_perm(h0, h1, 0x5410)), k_inv, k_bias));
   } else {
     // 3INST / MCG: hash, mask and flip to two fp16 halves, then ONE fp16 add of the halves.
-    uint32_t x0 = CB == 0 ? s0 * 89226354u + 64248484u : s0 * 0xCBAC1FEDu;
-    uint32_t x1 = CB == 0 ? s1 * 89226354u + 64248484u : s1 * 0xCBAC1FEDu;
-    x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
-    x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    uint32_t x0 = exl3::cb_mix<CB>(s0);
+    uint32_t x1 = exl3::cb_mix<CB>(s1);
+    x0 = (x0 & exl3::kHashMask) ^ exl3::kHashXor;
+    x1 = (x1 & exl3::kHashMask) ^ exl3::kHashXor;
     const __half2 lo = u32_as_h2(__byte_perm(x0, x1, 0x5410)), hi = u32_as_h2(__byte_perm(x0, x1, 0x7632));
     return h2_as_u32(__hadd2(lo, hi));
   }
 }
 
 // (H16[r][k], H16[r][k+1]) as a half2 of +-1 (natural Sylvester order, unnormalised).
-__device__ __forceinline__ uint32_t h16_pair(int r, int k) {
-  const uint32_t lo = (__popc(r & k) & 1) ? 0xBC00u : 0x3C00u;
-  const uint32_t hi = (__popc(r & (k + 1)) & 1) ? 0xBC00u : 0x3C00u;
-  return lo | (hi << 16);
-}
-
-// fp32 pair -> fp16 hi part and the fp16 rest, so that hi + lo carries ~22 bits of the pair through an fp16 mma.
-__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(x, y);
-  const float2 hf = __half22float2(h);
-  hi = h2_as_u32(h);
-  lo = h2_as_u32(__floats2half2_rn(x - hf.x, y - hf.y));
-}
+__device__ __forceinline__ uint32_t h16_pair(int r, int k) { return exl3::had_pair(r, k, 0x3C00u, 0xBC00u); }
 
 // In-place 8-point natural-order Walsh-Hadamard butterfly (unnormalised) over v[0..7].
 template <typename T>
@@ -220,10 +150,10 @@ __device__ __forceinline__ void load_block(const Args& p, int item, uint32_t sme
   const uint8_t* base = p.layer[it.layer].trellis + static_cast<size_t>(it.kb) * 8 * row_bytes +
                         static_cast<size_t>(p.nblock0 + it.nb) * 8 * R::kTileBytes;
   for (int u = threadIdx.x; u < R::kBlockUnits; u += kThreads) {
-    const int a = u / R::kRowUnits, r = u - a * R::kRowUnits;
-    cp_async16(smem_dst + u * 16, base + a * row_bytes + r * 16);
+    const int a = u / R::kSlabUnits, r = u - a * R::kSlabUnits;  // tile row a of the block: one slab
+    exl3::cp_async16_ordered(smem_dst + u * 16, base + a * row_bytes + r * 16);
   }
-  cp_async_commit();
+  exl3::cp_async_commit_ordered();
 }
 
 template <int K2, int CB>
@@ -236,19 +166,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
 
   // H16 as the stage-1 A fragment (rows g, g+8; columns 2c.., 2c+8..) and, by symmetry, the stage-2 B fragments
   // (n-half 0: ha[0], ha[2]; n-half 1: ha[1], ha[3]).
-  const uint32_t ha[4] = {h16_pair(g, 2 * c), h16_pair(g + 8, 2 * c), h16_pair(g, 2 * c + 8),
-                          h16_pair(g + 8, 2 * c + 8)};
+  const uint32_t ha[4] = {h16_pair(g, 2 * c), h16_pair(g + 8, 2 * c), h16_pair(g, 2 * c + 8), h16_pair(g + 8, 2 * c + 8)};
   const uint32_t hn[4] = {ha[0] ^ 0x80008000u, ha[1] ^ 0x80008000u, ha[2] ^ 0x80008000u, ha[3] ^ 0x80008000u};
   // The lane's trellis positions 8*lane .. 8*lane+7 need ring bits from b0 = 4*K2*lane + end(0) - 16 (mod R, SPEC
   // 2.2: lane 0's first window wraps to the end of the ring): the words holding them, and b0's offset in the first.
-  int word_at[R::kRawWords];
+  int word_at[R::kShiftWords];
   int first_bit;
   {
     int b0 = 4 * K2 * lane + R::end(0) - 16;
     b0 = b0 < 0 ? b0 + R::kRingBits : b0;
     first_bit = b0 & 31;
 #pragma unroll
-    for (int i = 0; i < R::kRawWords; ++i) {
+    for (int i = 0; i < R::kShiftWords; ++i) {
       const int q = (b0 >> 5) + i;
       word_at[i] = q >= R::kTileWords ? q - R::kTileWords : q;
     }
@@ -264,9 +193,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
   for (; item < p.items; item += gridDim.x) {
     const int next = item + gridDim.x;
     if (next < p.items) load_block<K2>(p, next, smem_base + (stage ^ 1) * R::kBlockBytes);
-    else cp_async_commit();  // an empty group keeps the wait count uniform
+    else exl3::cp_async_commit_ordered();  // an empty group keeps the wait count uniform
     const Item it = item_of(p, item);
-    cp_async_wait<1>();
+    exl3::cp_async_wait_ordered<1>();
     __syncthreads();
 
     // ---- decode the 8 tiles (a, warp) into mma B fragments (held for the whole block: 32 registers) ----
@@ -276,9 +205,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
     for (int a = 0; a < 8; ++a) {
       const uint32_t* wds = tiles + (a * 8 + warp) * R::kTileWords;
       // the lane's words, funnel-shifted so its first window starts at bit 0: the 8 cuts are then compile-time
-      uint32_t raw[R::kRawWords], nw[R::kNormWords];
+      uint32_t raw[R::kShiftWords], nw[R::kNormWords];
 #pragma unroll
-      for (int i = 0; i < R::kRawWords; ++i) raw[i] = wds[word_at[i]];
+      for (int i = 0; i < R::kShiftWords; ++i) raw[i] = wds[word_at[i]];
 #pragma unroll
       for (int i = 0; i < R::kNormWords; ++i) nw[i] = __funnelshift_l(raw[i + 1], raw[i], first_bit);
       uint32_t st[8];
@@ -327,10 +256,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) recon_kernel(const __gri
         }
         // Stage 2: the slab's C fragments are the A fragment of T . H16 (split into fp16 hi + lo).
         uint32_t ahi[4], alo[4];
-        split_pair(t[0][0], t[0][1], ahi[0], alo[0]);
-        split_pair(t[0][2], t[0][3], ahi[1], alo[1]);
-        split_pair(t[1][0], t[1][1], ahi[2], alo[2]);
-        split_pair(t[1][2], t[1][3], ahi[3], alo[3]);
+        exl3::split_h2(t[0][0], t[0][1], ahi[0], alo[0]);
+        exl3::split_h2(t[0][2], t[0][3], ahi[1], alo[1]);
+        exl3::split_h2(t[1][0], t[1][1], ahi[2], alo[2]);
+        exl3::split_h2(t[1][2], t[1][3], ahi[3], alo[3]);
         float u[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -396,28 +325,23 @@ KernelFn kernel_for() {
   return recon_kernel<K2, CB>;
 }
 
-// The compiled instances: exactly the rates and codebooks of the shape rule (exl3_gemv_supports).
-bool select(int k2, int cb, KernelFn* fn, int* smem) {
-#define EXL3R_CASE(K2, CB)        \
-  if (k2 == K2 && cb == CB) {     \
-    *fn = kernel_for<K2, CB>();   \
-    *smem = smem_bytes<K2>();     \
-    return true;                  \
+// The compiled instances: exactly the rates and codebooks of the shape rule (EXL3_RATES, exl3_common.cuh).
+template <int K2, bool kAll>
+bool select_rate(int cb, KernelFn* fn, int* smem) {
+  if constexpr (kAll) {
+    if (cb == 0) *fn = kernel_for<K2, 0>();
+    if (cb == 1) *fn = kernel_for<K2, 1>();
   }
-#define EXL3R_CASES_INT(K2) EXL3R_CASE(K2, 0) EXL3R_CASE(K2, 1) EXL3R_CASE(K2, 2)
-  EXL3R_CASES_INT(2)
-  EXL3R_CASES_INT(4)
-  EXL3R_CASES_INT(6)
-  EXL3R_CASES_INT(8)
-  EXL3R_CASES_INT(10)
-  EXL3R_CASES_INT(12)
-  EXL3R_CASES_INT(14)
-  EXL3R_CASES_INT(16)
-  EXL3R_CASE(3, 2)
-  EXL3R_CASE(5, 2)
-  EXL3R_CASE(7, 2)
-#undef EXL3R_CASES_INT
-#undef EXL3R_CASE
+  if (cb == 2) *fn = kernel_for<K2, 2>();
+  *smem = smem_bytes<K2>();
+  return cb == 2 || (kAll && (cb == 0 || cb == 1));
+}
+
+bool select(int k2, int cb, KernelFn* fn, int* smem) {
+#define EXL3R_RATE(K2_, ALL_) \
+  if (k2 == K2_) return select_rate<K2_, ALL_>(cb, fn, smem);
+  EXL3_RATES(EXL3R_RATE)
+#undef EXL3R_RATE
   return false;
 }
 

@@ -48,6 +48,35 @@ EXPECTED_GEMV_I8 = {
 EXPECTED_RECON = {label.replace("gemv", "recon", 1) for label in EXPECTED_GEMV}
 
 
+def _load_bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, KERNELS / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benches_read_the_rates_the_kernels_compile() -> None:
+    """The one list of compiled rates (EXL3_RATES in csrc/exl3_common.cuh), as the Python benches read it, is the
+    set `make kernels` must build (EXPECTED_GEMV above, written out by hand), in the benches' order."""
+    rates = _load_bench_module("compiled_rates")
+    labels = {f"gemv K={build_kernels._bits(k2)} {cb}" for k2, cb in rates.pairs()}
+    assert labels == EXPECTED_GEMV
+    assert rates.rates_k2() == (2, 4, 6, 8, 10, 12, 14, 16, 3, 5, 7)
+    assert rates.codebooks(5) == ("mul1",) and rates.codebooks(9) == ()
+
+
+def test_a_header_the_rate_parser_cannot_read_is_an_error(tmp_path: Path) -> None:
+    rates = _load_bench_module("compiled_rates")
+    bad = tmp_path / "exl3_common.cuh"
+    bad.write_text("#define EXL3_RATES(X) \\\n  X(2, 1) RATE(4)\n")
+    with pytest.raises(ValueError, match="X\\(k2, 0 or 1\\) entries only"):
+        rates.compiled_rates(bad)
+    bad.write_text("// no list here\n")
+    with pytest.raises(ValueError, match="no '#define EXL3_RATES"):
+        rates.compiled_rates(bad)
+
+
 @pytest.fixture(scope="module")
 def nvcc_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     if NVCC is None:
@@ -178,6 +207,10 @@ def test_loader_without_gpu_is_unavailable_with_reason() -> None:
         cuda.gemv(x, trellis, suh, svh, 2)
 
 
+# The GEMV's objects, linked together: the planner (exl3_plan.cu, the C ABI) and the kernel families it plans for
+# (exl3_gemv_i8.cu compiles the fused MoE's exl3_moe.cuh too).
+GEMV_OBJECTS = ("exl3_plan", "exl3_gemv", "exl3_gemv_i8")
+
 # The status codes of kernels/csrc/exl3_gemv.h (Exl3GemvStatus).
 EXL3_OK, EXL3_ERR_ROWS, EXL3_ERR_SHAPE, EXL3_ERR_BITS, EXL3_ERR_CODEBOOK = 0, 1, 2, 3, 4
 
@@ -207,7 +240,7 @@ def test_the_one_shape_rule(nvcc_build: tuple[Path, str], tmp_path: Path) -> Non
             "-std=c++17",
             f"-I{KERNELS / 'csrc'}",
             str(main),
-            str(out / "sm_90" / "exl3_gemv.o"),
+            *(str(out / "sm_90" / f"{name}.o") for name in GEMV_OBJECTS),
             "-o",
             str(prog),
         ],
@@ -325,7 +358,7 @@ def test_reconstruction_refuses_bad_launches_on_the_host(
     main = tmp_path / "recon.cpp"
     main.write_text(_RECON_MAIN)
     prog = tmp_path / "recon"
-    objs = [str(out / "sm_90" / "exl3_recon.o"), str(out / "sm_90" / "exl3_gemv.o")]
+    objs = [str(out / "sm_90" / f"{name}.o") for name in ("exl3_recon", *GEMV_OBJECTS)]
     link = subprocess.run(
         [NVCC, "-std=c++17", f"-I{KERNELS / 'csrc'}", str(main), *objs, "-o", str(prog)],
         capture_output=True,
@@ -358,3 +391,40 @@ def test_ngram_lookup_kernel_is_built(nvcc_build: tuple[Path, str], arch: str) -
     """`make kernels` builds the n-gram (PLE) lookup kernel too (its spills are checked with the others above)."""
     _, stdout = nvcc_build
     assert any(line.split()[:2] == [arch, "ngram_lookup_kernel"] for line in stdout.splitlines())
+
+
+_SASS = """
+Fatbin elf code:
+================
+arch = sm_90
+code version = [1,8]
+host = linux
+compile_size = 64bit
+
+\tcode for sm_90
+\t\tFunction : _ZN4exl3_a
+\t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+        /*0010*/                   EXIT ;                                 /* 0x000000000000794d */
+\t\t..........
+
+
+\t\tFunction : _ZN4exl3_b
+\t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   EXIT ;                                 /* 0x000000000000794d */
+\t\t..........
+"""
+
+
+def test_sass_diff_compares_kernel_by_kernel() -> None:
+    """kernels/bench/sass_diff.py (the refactor check of kernels/PERF.md) splits cuobjdump's listing per kernel
+    symbol and tells identical, changed, removed and new kernels apart, wherever each kernel's file is."""
+    sd = _load_bench_module("sass_diff")
+    before = sd.split_functions(_SASS)
+    assert sorted(before) == ["_ZN4exl3_a", "_ZN4exl3_b"]
+    assert "LDC R1" in before["_ZN4exl3_a"] and "LDC" not in before["_ZN4exl3_b"]
+    after = {"_ZN4exl3_a": before["_ZN4exl3_a"], "_ZN4exl3_b": before["_ZN4exl3_b"].replace("EXIT", "BRA")}
+    after["_ZN4exl3_c"] = "EXIT ;"
+    del after["_ZN4exl3_a"]
+    assert sd.compare(before, after) == (["_ZN4exl3_b"], ["_ZN4exl3_a"], ["_ZN4exl3_c"], 0)
+    assert sd.compare(before, dict(before)) == ([], [], [], 2)

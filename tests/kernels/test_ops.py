@@ -245,7 +245,7 @@ def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
     """Splits of every size on one stream's workspace: each call exact and repeatable, the workspace left zero.
 
     mul1's fixed-point (1-2 rows) and ticket (3-4 rows) hand-overs keep slots in the workspace that must be zero
-    before each call (kernels/csrc/exl3_gemv.cu, fixed_share and take_ticket): a slot a call failed to clear, or a
+    before each call (kernels/csrc/exl3_gemv_device.cuh, fixed_share and take_ticket): a slot a call failed to clear, or a
     stale one read as this call's, shows up as a changed result or a non-zero workspace here. 5 rows and 3INST take
     the fenced hand-over, whose counters must be left zero too.
     """
@@ -275,7 +275,7 @@ def test_cuda_non_finite_and_overflow(rows: int, ksplit: int) -> None:
     """Outputs that the reference gives as inf or NaN are not finite here either, split or not; other rows are exact.
 
     The integer kernel quantises x' with a scale per warp: a NaN x' must make that scale NaN, not turn into a
-    garbage q (exl3_gemv.cu, fmax_nan). A split slice that is not finite (or 2^17 or more) cannot join the
+    garbage q (exl3_gemv_i8.cuh, fmax_nan). A split slice that is not finite (or 2^17 or more) cannot join the
     fixed-point sum of its column, so it makes the column NaN there (fixed_share); sums past fp16's range are inf.
     """
     from sparkctl_exl3 import cuda
@@ -307,7 +307,7 @@ def test_cuda_non_finite_and_overflow(rows: int, ksplit: int) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_most_slices() -> None:
-    """The integer kernel counts up to 255 slices per column (exl3_gemv.cu, fixed_share); 256 is refused."""
+    """The integer kernel counts up to 255 slices per column (exl3_gemv_device.cuh, fixed_share); 256 is refused."""
     from sparkctl_exl3 import cuda
 
     trellis, suh, svh = _random_layer(2048, 8, 2, seed=52)  # 32768 x 128: 256 input chunks
@@ -354,7 +354,7 @@ def test_cuda_workspace_follows_the_tuning() -> None:
 # and 16 or 8 (28 chunks: whole chunks per warp, chunk_runs)
 @pytest.mark.parametrize("in_chunks", [8, 14, 16, 32, 28])
 def test_cuda_rows_5_to_8(in_chunks: int) -> None:
-    """5-8 rows of mul1 take fp16 x' and one packed fp16 mma per tile (kernels/csrc/exl3_gemv.cu, half_slabs).
+    """5-8 rows of mul1 take fp16 x' and one packed fp16 mma per tile (kernels/csrc/exl3_gemv_i8.cuh, half_slabs).
 
     Every row matches the reference, and a row's result is bit for bit the same whichever other rows share the
     call: rows are separate B columns and separate sums, and rows past the call's count are never read.
@@ -373,7 +373,7 @@ def test_cuda_rows_5_to_8(in_chunks: int) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 2, 4])
 def test_cuda_whole_chunk_runs(rows: int) -> None:
-    """28 input chunks in one block: 12 warps take 2 whole chunks and 4 take 1 (exl3_gemv.cu, chunk_runs)."""
+    """28 input chunks in one block: 12 warps take 2 whole chunks and 4 take 1 (exl3_gemv_i8.cuh, chunk_runs)."""
     from sparkctl_exl3 import cuda
 
     trellis, suh, svh = _random_layer(8 * 28, 16, 2, seed=28 + rows)
