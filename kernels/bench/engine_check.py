@@ -159,14 +159,34 @@ def decode_vs_prefill(llm, prompts, gens) -> dict:
     }
 
 
-def engine_kwargs(cpu: bool) -> dict:
-    """fp16 + Triton attention on the GPU; ``--cpu`` (the script's own test on a CPU vLLM): fp32, vLLM's CPU backend."""
+def engine_kwargs(name: str, cpu: bool) -> dict:
+    """``vllm.LLM`` arguments every job shares: fp16 + Triton attention on the GPU; ``--cpu`` (the script's own test on
+    a CPU vLLM): fp32, vLLM's CPU backend."""
     # 0.04: many jobs share one GPU, and vLLM refuses to start when free memory is below its utilisation share (run 3)
     gpu = {"dtype": "float16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.04}
-    return {"dtype": "float32"} if cpu else gpu
+    return {
+        "model": str(FIXTURES / name / "model"),
+        **({"dtype": "float32"} if cpu else gpu),
+        "max_model_len": 512,
+        "max_num_seqs": 8,
+        "kv_cache_memory_bytes": 256 * 2**20,
+        "enable_prefix_caching": False,
+        "seed": 0,
+    }
 
 
-def run_job(name: str, mode: str, out: Path, cpu: bool = False) -> dict:
+def score_prompts(refs, rows) -> dict:
+    """Top-1 agreement and mean |delta log-prob| of scored prompts (``rows``: (top1, logprob) per prompt) against
+    exllamav3's (``refs``: (ids, log-probs) per prompt)."""
+    agree = total = npos = 0
+    dsum = 0.0
+    for (ids, ref_lp), (top1, lp) in zip(refs, rows, strict=True):
+        a, t, d = compare_prompt(ids, ref_lp, top1, lp)
+        agree, total, dsum, npos = agree + a, total + t, dsum + d, npos + len(ids) - 1
+    return {"top1": agree / total, "positions": total, "mean_dlogprob": dsum / npos}
+
+
+def run_job(name: str, mode: str, cpu: bool = False) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its path counts are ours
     import torch
     from sparkctl_exl3 import paths
@@ -174,33 +194,14 @@ def run_job(name: str, mode: str, out: Path, cpu: bool = False) -> dict:
 
     rec: dict = {"fixture": name, "mode": mode}
     t0 = time.monotonic()
-    llm = LLM(
-        model=str(FIXTURES / name / "model"),
-        enforce_eager=mode == "eager",
-        **engine_kwargs(cpu),
-        max_model_len=512,
-        max_num_seqs=8,
-        kv_cache_memory_bytes=256 * 2**20,
-        enable_prefix_caching=False,
-        seed=0,
-    )
+    llm = LLM(enforce_eager=mode == "eager", **engine_kwargs(name, cpu))
     rec["startup_s"] = round(time.monotonic() - t0, 1)
     refs = reference_prompts(name)
     prompts = [ids for ids, _ in refs]
     for batch in (False, True):
         t1 = time.monotonic()
-        scored = _score(llm, prompts, batch)
-        agree = total = 0
-        dsum = 0.0
-        npos = 0
-        for (ids, ref_lp), (top1, lp) in zip(refs, scored, strict=True):
-            a, t, d = compare_prompt(ids, ref_lp, top1, lp)
-            agree, total, dsum, npos = agree + a, total + t, dsum + d, npos + len(ids) - 1
-        key = "batch8" if batch else "batch1"
-        rec[f"prompts_{key}"] = {
-            "top1": agree / total,
-            "positions": total,
-            "mean_dlogprob": dsum / npos,
+        rec[f"prompts_{'batch8' if batch else 'batch1'}"] = {
+            **score_prompts(refs, _score(llm, prompts, batch)),
             "s": round(time.monotonic() - t1, 2),
         }
     gens = {}
@@ -291,9 +292,9 @@ def run_serve(name: str, log: Path) -> dict:
             else:
                 raise RuntimeError("vllm serve not healthy after 300 s")
             rec["startup_s"] = round(time.monotonic() - t0, 1)
-            agree = total = npos = 0
-            dsum = 0.0
-            for ids, ref_lp in reference_prompts(name):
+            refs = reference_prompts(name)
+            rows = []
+            for ids, _ in refs:
                 body = {
                     "model": name,
                     "prompt": ids,
@@ -307,10 +308,8 @@ def run_serve(name: str, log: Path) -> dict:
                 r.raise_for_status()
                 lp = r.json()["choices"][0]["logprobs"]
                 tops = [max(d.items(), key=lambda kv: kv[1])[0] for d in lp["top_logprobs"][1:]]
-                top1 = [int(t.split(":")[1]) for t in tops]
-                a, t, d = compare_prompt(ids, ref_lp, top1, lp["token_logprobs"][1 : len(ids)])
-                agree, total, dsum, npos = agree + a, total + t, dsum + d, npos + len(ids) - 1
-            rec["prompts_http"] = {"top1": agree / total, "positions": total, "mean_dlogprob": dsum / npos}
+                rows.append(([int(t.split(":")[1]) for t in tops], lp["token_logprobs"][1 : len(ids)]))
+            rec["prompts_http"] = score_prompts(refs, rows)
             r = c.post(
                 f"{base}/v1/chat/completions",
                 json={"model": name, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]},
@@ -341,16 +340,10 @@ def run_mtp(name: str, cpu: bool = False) -> dict:
     prompts = [ids for ids, _ in reference_prompts(name)]
     t0 = time.monotonic()
     llm = LLM(
-        model=str(FIXTURES / name / "model"),
         enforce_eager=cpu,
-        **engine_kwargs(cpu),
-        max_model_len=512,
-        max_num_seqs=8,
-        kv_cache_memory_bytes=256 * 2**20,
-        enable_prefix_caching=False,
-        seed=0,
         speculative_config={"method": "mtp", "num_speculative_tokens": 2},
         disable_log_stats=False,
+        **engine_kwargs(name, cpu),
     )
     rec["startup_s"] = round(time.monotonic() - t0, 1)
     gens = _generate(llm, prompts, True, n=32)
@@ -396,12 +389,11 @@ def fixtures(only: set[str] | None) -> list[tuple[str, str]]:
 
 def child(args: argparse.Namespace) -> int:
     job = json.loads(args.job)
-    out = Path(job["out"])
     try:
         if job["mode"] == "mtp-k2":
             rec = run_mtp(job["fixture"], job["cpu"])
         else:
-            rec = run_job(job["fixture"], job["mode"], out, job["cpu"])
+            rec = run_job(job["fixture"], job["mode"], job["cpu"])
             rec["moe"] = job["moe"]
     except Exception as exc:
         import traceback

@@ -24,6 +24,8 @@ from types import ModuleType
 
 import torch
 
+from . import paths
+
 __all__ = [
     "EXTENSION_NAME",
     "available",
@@ -564,6 +566,7 @@ def gemm(
         raise ValueError(f"EXL3 GEMM: x must be 2-D [rows, I], got shape {tuple(x.shape)}")
     rows = int(x.shape[0])
     if 0 < rows < (PREFILL_MIN_ROWS if min_rows is None else min_rows):
+        paths.hit("gemm-gemv")
         return gemv(x, trellis, suh, svh, codebook_id)
     if x.dtype != torch.float16:
         raise RuntimeError(f"EXL3 GEMM: x must be float16, got {x.dtype}")
@@ -574,6 +577,7 @@ def gemm(
         raise RuntimeError(f"EXL3 GEMM: x has {x.shape[1]} features but the trellis has {in_f}")
     if x.device != trellis.device:
         raise RuntimeError("EXL3 GEMM: x, trellis, suh and svh must be on one device")
+    paths.hit("gemm-recon")
     limit = PREFILL_CHUNK_ELEMENTS if chunk_elements is None else int(chunk_elements)
     cols = max(128, limit // in_f // 128 * 128)
     if cols >= out_f:

@@ -136,7 +136,6 @@ def _exl3_gemm_cuda(
         # more rows than the GEMV's 8: the kernel module picks GEMV groups or reconstruct + cuBLAS by its threshold
         reference.check_layer(trellis, suh, svh, codebook)
         rows = x.reshape(-1, x.shape[-1])
-        paths.hit("gemm-gemv" if rows.shape[0] < getattr(kernel, "PREFILL_MIN_ROWS", 0) else "gemm-recon")
         y = kernel.gemm(
             rows.contiguous(), trellis.contiguous(), suh.contiguous(), svh.contiguous(), codebook_id
         )
