@@ -24,8 +24,6 @@ from types import ModuleType
 
 import torch
 
-from . import paths
-
 __all__ = [
     "EXTENSION_NAME",
     "available",
@@ -561,6 +559,9 @@ def gemm(
     """``y = x . W`` for fp16 ``x [rows, I]`` of any row count: the GEMV (groups of 8) below ``min_rows``
     (:data:`PREFILL_MIN_ROWS`), else W reconstructed to fp16 and one cuBLAS fp16 GEMM, in column chunks of at most
     ``chunk_elements`` elements of W (:data:`PREFILL_CHUNK_ELEMENTS`)."""
+    # imported here, not at module level: the image's kernel layer copies only this file (docker/Dockerfile)
+    from . import paths
+
     module = _module_or_raise()
     if x.dim() != 2:
         raise ValueError(f"EXL3 GEMM: x must be 2-D [rows, I], got shape {tuple(x.shape)}")
