@@ -484,6 +484,32 @@ def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
     torch.testing.assert_close(compiled(x, topk_weights, topk_ids), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_named_expert_loading_loads_what_vllm_loads(vllm_env: object) -> None:
+    """compat.load_named_experts (the loader vLLM before 0.32 gets, where its own misreads a 3-D per-expert trellis
+    as all experts) yields the same parameters and leaves the same expert tensors as vLLM 0.32's own loader."""
+    from sparkctl_exl3.vllm_plugin import compat
+
+    w = _moe_weights()
+    layers = []
+    for ours in (False, True):
+        holder = _moe_holder()
+        routed = holder.block_sparse_moe.experts.routed_experts
+        if ours:
+            compat.use_named_expert_loading(routed, always=True)
+            assert routed.load_weights.__func__ is compat.load_named_experts
+        loaded = _load_moe(holder, w)
+        routed.quant_method.process_weights_after_loading(routed)
+        layers.append((loaded, routed))
+    (vllm_names, vllm_layer), (our_names, our_layer) = layers
+    assert our_names == vllm_names
+    assert our_layer.exl3_expert_ids == vllm_layer.exl3_expert_ids == [0, 1, 2, 3]
+    ours_buf, vllm_buf = dict(our_layer.named_buffers()), dict(vllm_layer.named_buffers())
+    assert ours_buf.keys() == vllm_buf.keys() and any("_down_trellis" in k for k in ours_buf)
+    for k, t in vllm_buf.items():
+        assert torch.equal(ours_buf[k], t), k
+    assert our_layer.exl3_expert_meta == vllm_layer.exl3_expert_meta
+
+
 def test_moe_forward_has_no_host_sync(vllm_env: object) -> None:
     """exl3_moe_forward traces under FakeTensorMode: an .item(), .cpu() or a Python branch on routing values
     would raise there (data-dependent output), so the decode path never waits for the device."""

@@ -2,8 +2,9 @@
 
 EXL3 stores every expert as separate linears (``experts.<e>.<proj>.trellis`` etc., SPEC 1.5), each with
 its own K. vLLM's ``RoutedExperts.load_weights`` maps those names onto ``w13_<tensor>`` (gate = ``w1``,
-up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with the global expert id; our
-loaders keep per-expert tensors, cut for tensor parallelism on 128 boundaries.
+up = ``w3``) and ``w2_<tensor>`` (down) and calls the parameter's loader with the global expert id (before vLLM
+0.32 the plugin's own :func:`compat.load_named_experts` does, see there); our loaders keep per-expert tensors, cut
+for tensor parallelism on 128 boundaries.
 
 The forward is :func:`forward.exl3_moe_forward`: on the CPU only the routed experts, gathered by id from per-projection
 stacks made once here; on CUDA the fused MoE decode for mul1 experts (its device tables made once here), every local
@@ -22,7 +23,7 @@ from torch.nn import Parameter
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
-from . import settings, storage
+from . import compat, settings, storage
 from .forward import (
     ACTIVATIONS,
     Exl3LoadError,
@@ -102,6 +103,7 @@ class EXL3MoEMethod(FusedMoEMethodBase):
                 plan.tp_size,
             )
         layer.exl3_plan = plan
+        compat.use_named_expert_loading(layer)
         for group in ("w13", "w2"):
             for name, dtype in LOADED_TENSORS.items():
                 param = Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
