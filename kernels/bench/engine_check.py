@@ -2,7 +2,8 @@
 exllamav3's own logits, eager and with vLLM's default torch.compile + CUDA graphs (issue 34).
 
 Every fixture under ``tests/fixtures/exl3_real/`` whose architecture the installed vLLM has is served by
-``vllm.LLM`` (fp16 activations, Triton attention) in two modes, ``eager`` (``enforce_eager``) and ``graphs`` (vLLM's
+``vllm.LLM`` (fp16 activations where vLLM computes the architecture right in fp16, see ``gpu_dtype``; Triton
+attention) in two modes, ``eager`` (``enforce_eager``) and ``graphs`` (vLLM's
 default compilation config: torch.compile over our custom ops, piecewise + full CUDA graphs). Per job:
 
 1. **Prompts against exllamav3.** The fixture's five saved prompts plus three prefixes of them (a prefix's reference
@@ -17,7 +18,8 @@ default compilation config: torch.compile over our custom ops, piecewise + full 
    decode and re-scoring <= 0.05.
 3. **Which kernels ran.** ``sparkctl_exl3.paths`` counts, read in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
    so a silent fallback to the reference decoder or to the per-expert MoE loop shows. A job fails when an EXL3
-   linear ran through the reference on CUDA, or when a MoE model never reached the fused decode or the MoE prefill.
+   linear ran through the reference on CUDA, or when a MoE model never reached the MoE prefill or its decode path
+   (the fused kernel for mul1 experts, the per-expert loop for others: ``moe_decode_path``).
 
 Then ``vllm serve`` once (``python -m vllm.entrypoints.openai.api_server``, as ``sparkctl up`` starts it) on one
 fixture: ``/health``, prompt log-probs over HTTP (``echo`` + ``logprobs``, token ids) against exllamav3, and a chat
@@ -54,6 +56,7 @@ GEN_TOKENS = 16
 MTP_FIXTURE = "glm4moe-mtp-3.0-mul1"
 SERVE_FIXTURE = "qwen3moe-2.5-mul1"
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "Glm4MoeForCausalLM")
+GLM4_MOE_ARCHS = ("Glm4MoeForCausalLM",)
 
 
 # -- the reference -------------------------------------------------------------------------------------------------
@@ -159,11 +162,33 @@ def decode_vs_prefill(llm, prompts, gens) -> dict:
     }
 
 
+def fixture_config(name: str) -> dict:
+    return json.loads((FIXTURES / name / "model" / "config.json").read_text())
+
+
+def gpu_dtype(config: dict) -> tuple[str, str]:
+    """The activation dtype a job runs at on the GPU, and why. fp16, exllamav3's own, wherever vLLM computes the
+    architecture right in fp16. vLLM (0.26 to 0.34) runs GLM-4-MoE wrong in fp16: its MoE runner, to avoid fp16
+    overflow, divides the shared experts' output by ``routed_scaling_factor`` instead of multiplying the routed
+    output, and relies on the decoder layer to scale the residual to match, which DeepSeek-V2's does and GLM-4-MoE's
+    does not (run 4: top-1 0.61 on both GLM fixtures, the Qwen3-MoE ones exact). bf16 (the checkpoint's dtype, what
+    ``sparkctl up`` runs) is right but adds its own rounding (run 5: mean |dlp| 0.036-0.054, gaps to 0.125 nats),
+    so those fixtures run at fp32 outside our ops, which still take fp16 activations as exllamav3's do."""
+    scale = float(config.get("routed_scaling_factor") or 1.0)
+    if config["architectures"][0] in GLM4_MOE_ARCHS and config.get("n_shared_experts") and scale != 1.0:
+        return "float32", "vLLM's fp16 GLM-4-MoE shared-expert scaling; bf16 rounding"
+    return "float16", "exllamav3's activation dtype"
+
+
 def engine_kwargs(name: str, cpu: bool) -> dict:
-    """``vllm.LLM`` arguments every job shares: fp16 + Triton attention on the GPU; ``--cpu`` (the script's own test on
-    a CPU vLLM): fp32, vLLM's CPU backend."""
+    """``vllm.LLM`` arguments every job shares: Triton attention on the GPU (:func:`gpu_dtype`); ``--cpu`` (the
+    script's own test on a CPU vLLM): fp32, vLLM's CPU backend."""
     # 0.04: many jobs share one GPU, and vLLM refuses to start when free memory is below its utilisation share (run 3)
-    gpu = {"dtype": "float16", "attention_backend": "TRITON_ATTN", "gpu_memory_utilization": 0.04}
+    gpu = {
+        "dtype": gpu_dtype(fixture_config(name))[0],
+        "attention_backend": "TRITON_ATTN",
+        "gpu_memory_utilization": 0.04,
+    }
     return {
         "model": str(FIXTURES / name / "model"),
         **({"dtype": "float32"} if cpu else gpu),
@@ -173,6 +198,13 @@ def engine_kwargs(name: str, cpu: bool) -> dict:
         "enable_prefix_caching": False,
         "seed": 0,
     }
+
+
+def moe_decode_path(config: dict) -> str:
+    """The decode path a MoE fixture's experts must take: the fused kernel takes mul1 experts only
+    (``cuda.moe_supports``); other codebooks run every local expert through the linear op."""
+    codebook = config.get("quantization_config", {}).get("codebook", "mul1")
+    return "moe-fused" if codebook == "mul1" else "moe-per-expert"
 
 
 def score_prompts(refs, rows) -> dict:
@@ -193,8 +225,10 @@ def run_job(name: str, mode: str, cpu: bool = False) -> dict:
     from vllm import LLM
 
     rec: dict = {"fixture": name, "mode": mode}
+    kwargs = engine_kwargs(name, cpu)
+    rec["dtype"] = kwargs["dtype"] if cpu else "{} ({})".format(*gpu_dtype(fixture_config(name)))
     t0 = time.monotonic()
-    llm = LLM(enforce_eager=mode == "eager", **engine_kwargs(name, cpu))
+    llm = LLM(enforce_eager=mode == "eager", **kwargs)
     rec["startup_s"] = round(time.monotonic() - t0, 1)
     refs = reference_prompts(name)
     prompts = [ids for ids, _ in refs]
@@ -243,8 +277,10 @@ def verdict(rec: dict, cpu: bool = False) -> list[str]:
         bad.append(f"{p['linear-reference']} EXL3 linear call(s) ran the reference decoder on CUDA")
     if not p.get("gemv"):
         bad.append("the GEMV kernel never ran")
-    if rec.get("moe") and not (p.get("moe-fused") and p.get("moe-prefill")):
-        bad.append(f"MoE paths reached: {sorted(k for k in p if k.startswith('moe'))}")
+    want = rec.get("moe_decode")
+    if rec.get("moe") and not (p.get(want) and p.get("moe-prefill")):
+        reached = sorted(k for k in p if k.startswith("moe"))
+        bad.append(f"MoE paths reached: {reached}, expected {want} and moe-prefill")
     return bad
 
 
@@ -262,7 +298,14 @@ def run_serve(name: str, log: Path) -> dict:
         "--model",
         str(FIXTURES / name / "model"),
     ]
-    cmd += ["--served-model-name", name, "--dtype", "float16", "--attention-backend", "TRITON_ATTN"]
+    cmd += [
+        "--served-model-name",
+        name,
+        "--dtype",
+        gpu_dtype(fixture_config(name))[0],
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
     cmd += ["--max-model-len", "512", "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 * 2**20)]
     cmd += [
         "--gpu-memory-utilization",
@@ -341,7 +384,9 @@ def run_mtp(name: str, cpu: bool = False) -> dict:
     t0 = time.monotonic()
     llm = LLM(
         enforce_eager=cpu,
-        speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+        # vLLM picks the drafter's attention backend on its own (0.26: FlashAttention, not carried): the target's
+        speculative_config={"method": "mtp", "num_speculative_tokens": 2}
+        | ({} if cpu else {"attention_backend": "TRITON_ATTN"}),
         disable_log_stats=False,
         **engine_kwargs(name, cpu),
     )
@@ -395,6 +440,8 @@ def child(args: argparse.Namespace) -> int:
         else:
             rec = run_job(job["fixture"], job["mode"], job["cpu"])
             rec["moe"] = job["moe"]
+            if job["moe"]:
+                rec["moe_decode"] = moe_decode_path(fixture_config(job["fixture"]))
     except Exception as exc:
         import traceback
 
