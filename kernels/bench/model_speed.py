@@ -2,64 +2,72 @@
 exllamav3's own generator (issue 34, step 3).
 
 Converting a real GLM-class model does not fit a device call, but any int16 bit pattern is a valid EXL3 trellis for
-any K (SPEC 2.2), so the checkpoint is written here, on the device, at real dimensions with random bits:
+any K (SPEC 2.2), so the checkpoint is written on the device, at real dimensions, with random bits:
 
-* ``Glm4MoeForCausalLM`` (the architecture both exllamav3 1.6.5 and vLLM 0.26 load): hidden 4096, GQA attention
-  (96 query heads, 8 KV heads of 128, partial rotary 0.5, q/k/v bias), every layer MoE (``first_k_dense_replace``
-  0) with 128 routed experts of width 1536, top-8, sigmoid routing with a correction bias, one shared expert;
-  4 and 8 layers by default (the 4-layer checkpoint hard-links the 8-layer one's files);
-* every linear EXL3 at K=2 with the mul1 codebook (trellis random int16, ``suh`` random signs, ``svh`` random signs
-  / sqrt(in_features) so activations keep unit scale, ``mul1`` the marker scalar), ``lm_head`` EXL3 at 6 bits over
-  a 151552-token vocabulary; embeddings and norms bf16, the router fp16 (SPEC 1.5);
-* a word-level tokenizer with one token per id (the engines decode whatever the random model emits).
+* ``Glm4MoeForCausalLM`` (both exllamav3 1.6.5 and vLLM 0.26 load it): hidden 4096, GQA attention (GLM-4.5-Air's:
+  96 query heads, 8 KV heads of 128, partial rotary 0.5, q/k/v bias), every layer MoE (``first_k_dense_replace``
+  0): 128 routed experts of width 1536, top-8, sigmoid routing with a correction bias, one shared expert; 4 and 8
+  layers by default (the 4-layer directory hard-links the 8-layer one's files);
+* every linear EXL3 at K=2 with the mul1 codebook: trellis random int16, ``suh`` random signs, ``svh`` random signs
+  / sqrt(in_features) (activations keep unit scale, nothing overflows fp16), ``mul1`` the marker constant;
+  ``lm_head`` EXL3 at 6 bits over 151552 tokens; embeddings and norms bf16, the router fp16 (SPEC 1.5);
+* a word-level tokenizer with one piece per id (the engines decode whatever the random model emits).
 
-Each file is one safetensors written from a single device buffer (tensors ordered by element size, so every
-tensor is aligned to its own size); ~5.3 GB in ~10 s on an H100. Then, each engine in its own process, one after
-the other (GPU memory is freed between them), at each depth:
+Each safetensors file is written from one device buffer (tensors ordered by element size, so each is aligned to its
+own size): 6.8 GB for 8 layers. Then each engine in its own process, one after the other (GPU memory is freed
+between them), at each depth, shallowest first:
 
 * **TTFT** for a 2048- and an 8192-token prompt: wall time of a request for one token, fresh prompt ids each time
-  (no prefix-cache hit in either engine); both engines prefill in chunks of 2048 tokens (exllamav3's
-  ``max_chunk_size`` default, vLLM's ``max_num_batched_tokens`` set to match).
-* **Decode** at batch 1 and 8 after a 2048-token prompt: the wall times of the same request(s) with N1 and N2 new
-  tokens (greedy, no stop condition / ``ignore_eos``), fresh prompts each time; one step =
-  (T(N2) - T(N1)) / (N2 - N1), so prefill, queueing and start-up cancel out. Medians of ``--repeats`` pairs, after
-  one untimed run of every shape.
-* **lm_head alone**: one and eight rows through the engine's own kernel for the head (exllamav3's ``Linear``, our
-  ``exl3_gemm`` op), CUDA events around 50 calls.
+  (no prefix-cache hit in either engine); both prefill in chunks of 2048 (exllamav3's ``max_chunk_size`` default;
+  vLLM's ``max_num_batched_tokens`` set to match).
+* **Decode** at batch 1 and 8 after a 2048-token prompt: wall times of the same request(s) with 32 and 160 new
+  tokens (greedy, no stop condition / ``ignore_eos``), fresh prompts each time; one step = (T(160) - T(32)) / 128,
+  so prefill, queueing, start-up and a batch's ramp (its prefills interleaved with the first decode steps) cancel.
+  Medians of 3 pairs, after one untimed run of every shape. exllamav3's generator runs with ``prefill_cooldown=0``
+  (a waiting prompt's chunk in every iteration, as vLLM's scheduler does), so a batch of 8 fills in 8 iterations.
+* **lm_head alone** at 1 and 8 rows through the engine's own kernel for it (exllamav3's ``Linear``; our
+  ``exl3_gemm`` op, as the plugin's head calls it): CUDA events around 50 calls.
 
 exllamav3: ``Config.from_directory -> Model.from_config -> Cache -> model.load("cuda:0") -> Generator`` with
-``ArgmaxSampler``, its prebuilt extension from ``.device/peer`` (``peer_unpack.sh``). vLLM: ``vllm.LLM`` with the
-plugin, fp16, Triton attention, default compilation (torch.compile + CUDA graphs), prefix caching off; which of our
-kernel paths the engine reached is read from its worker (``sparkctl_exl3.paths``).
+``ArgmaxSampler``, its prebuilt extension from ``.device/peer`` (``peer_unpack.sh``; never JIT-built here). vLLM:
+``vllm.LLM`` with the plugin, fp16, Triton attention, default compilation (torch.compile + CUDA graphs), prefix
+caching off; which of our kernel paths its worker reached (``sparkctl_exl3.paths``) comes back through
+``collective_rpc``, and a fallback (reference decoder, per-expert MoE) is flagged in the report.
 
-The report (:func:`assemble`): per-layer decode time as the slope between the two depths (what one more layer
-costs: embeddings, lm_head, sampling and host overhead cancel), and per depth as (step - lm_head alone) / layers
-(an upper bound: it still carries the host overhead); the bandwidth floor of one layer (the bytes one decode step
-reads: attention, router, shared expert and the expected distinct routed experts under uniform routing, over the
-H100's 3.35 TB/s HBM; KV-cache reads at 2k context shown apart); the GB10 projection (per-layer time scaled by
-3350 / 273, the bandwidth ratio: decode is taken to stay as bandwidth-bound on the GB10 as it is measured here;
-the 132 / 48 SM ratio is smaller, so bandwidth governs); and GLM-5.3-Flash single-stream decode on one Spark
-(40 MoE layers + this lm_head, host overhead as measured here) without and with MTP k=2 at an acceptance rate
-(``--mtp-acceptance``, else the MTP job of the newest engine check record, else not measured).
+The report (:func:`assemble`, :func:`render`): per-layer decode time as the slope of the step time between the two
+depths (what one more layer costs; embeddings, lm_head, sampling and host overhead cancel), and per depth as
+(step - lm_head alone) / layers (the only figure one depth gives: an upper bound that spreads the host overhead over
+the layers); the bandwidth floor of one layer (the weight bytes one decode step reads: attention, router, shared
+expert and the expected distinct routed experts under uniform routing, over the H100's 3.35 TB/s; KV reads at 2k
+shown apart); the GB10 projection (per-layer time times 3350 / 273, the bandwidth ratio: decode is taken to stay as
+bandwidth-bound on the GB10 as measured here; the SM ratio 132 / 48 is smaller, so bandwidth governs); GLM-5.3-Flash
+single-stream decode on one Spark (40 layers + this lm_head at GB10 bandwidth, host overhead as measured here)
+without and with MTP k=2 (``projection``) at ``--mtp-acceptance``, else the MTP job of the newest engine check
+record, else "not measured"; and the issue's verdict (vLLM per-layer batch-1 decode <= exllamav3's, TTFT at 2k no
+worse).
 
-Device command (kernels/README.md, "Model speed"); here ``--dry-run`` writes a tiny checkpoint on the CPU, checks
-that the plugin's name rules, exllamav3's loader (with a stand-in for its extension) and vLLM's model config accept
-it, and assembles the report with no engine numbers:
+Device command: kernels/README.md, "Model speed". ``--dry-run`` (CPU, here and in tests/kernels/test_model_speed.py):
+a tiny checkpoint through the same writer, checked against safetensors' reader, the plugin's name rules, exllamav3's
+loader (its Python side with a stand-in extension, as make_fixtures.py's dry run) and vLLM's model config, then the
+vLLM half of the driver on vLLM's CPU build at tiny sizes, and the report.
 
     python3 kernels/bench/model_speed.py --out DIR [--work /tmp/model_speed] [--layers 4,8] [--quick]
-                                         [--write-only] [--mtp-acceptance A] [--budget-s 400] [--dry-run]
+        [--engines exllamav3,vllm] [--write-only] [--mtp-acceptance A] [--budget-s 400] [--dry-run]
 
-Writes ``DIR/model_speed.json`` and ``DIR/model_speed.txt`` and one log per engine run. Exit 0: every engine run
-measured; 1: a run failed or was skipped for time; 2: bad arguments, no CUDA device.
+Writes ``DIR/model_speed.json``, ``DIR/model_speed.txt`` and ``DIR/<engine>-L<layers>.log``. Exit 0: every run
+measured; 1: a run failed or was skipped for time (the report still comes out); 2: bad arguments or no CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import math
 import os
 import random
+import signal
 import statistics
 import struct
 import subprocess
@@ -344,6 +352,10 @@ def write_checkpoints(
     for n, (name, tensors) in enumerate(files(full).items()):
         total += write_safetensors(deep / name, tensors, device, seed=1000 + n)
     _finish_dir(deep, full, depths[-1])
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the engines' processes get the memory
     for d in depths[:-1]:
         for name in files(replace(full, layers=d)):
             target = out[d] / name
@@ -458,6 +470,8 @@ def check_exllamav3_cpu(model_dir: Path, spec: Spec, layers: int) -> str:
     import torch
     from sparkctl_exl3.vllm_plugin import storage
 
+    if importlib.util.find_spec("exllamav3") is None:
+        raise ImportError("exllamav3 is not installed")
     if "exllamav3" not in sys.modules:
         _stub_extension()
     from exllamav3 import Config, Model, Tokenizer
@@ -518,8 +532,11 @@ class Plan:
     ttft: tuple[int, ...] = (2048, 8192)
     batches: tuple[int, ...] = (1, 8)
     repeats: int = 3
-    n1: int = 16
-    n2: int = 144
+    #: more new tokens than a batch takes to get all its prefills in (vLLM ~2 steps per 2048-token prompt at
+    #: 2048 tokens a step, exllamav3 one iteration each): both runs then ramp up and down the same way, and their
+    #: difference is n2 - n1 steps at the full batch
+    n1: int = 32
+    n2: int = 160
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
@@ -533,9 +550,9 @@ class Plan:
 
 #: the device runs; ``--quick``: 2 repeats and 64 timed decode steps
 FULL = Plan()
-QUICK = replace(FULL, repeats=2, n2=80)
+QUICK = replace(FULL, repeats=2, n2=96)
 #: ``--dry-run``: vLLM's CPU build through the same driver, at sizes its reference decoder gets through in seconds
-CPU_PLAN = Plan(prompt=32, ttft=(32, 96), repeats=1, n1=2, n2=6)
+CPU_PLAN = Plan(prompt=16, ttft=(16, 48), repeats=1, n1=2, n2=4)
 
 
 def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
@@ -634,8 +651,15 @@ def run_exllamav3(model_dir: Path, plan: Plan, device: str, say: Callable[[str],
     cache = Cache(model, max_num_tokens=cache_tokens(plan))
     model.load("cuda:0")
     tokenizer = Tokenizer.from_config(config)
-    gen = Generator(model=model, cache=cache, tokenizer=tokenizer, max_chunk_size=CHUNK)
-    rec.update(load_s=round(time.monotonic() - t0, 1), cache_tokens=cache_tokens(plan), max_chunk_size=CHUNK)
+    # prefill_cooldown 0: a waiting prompt's chunk in every iteration (its default 4 spreads a batch's prefills
+    # over ~35 iterations, longer than the n1 tokens the decode difference needs the batch to be full by)
+    gen = Generator(model=model, cache=cache, tokenizer=tokenizer, max_chunk_size=CHUNK, prefill_cooldown=0)
+    rec.update(
+        load_s=round(time.monotonic() - t0, 1),
+        cache_tokens=cache_tokens(plan),
+        max_chunk_size=CHUNK,
+        prefill_cooldown=0,
+    )
     say(f"  exllamav3 loaded in {rec['load_s']} s")
     sampler = ArgmaxSampler()
 
@@ -753,6 +777,8 @@ def run_vllm(model_dir: Path, plan: Plan, device: str, say: Callable[[str], None
         x = torch.randn(rows, suh.shape[0], dtype=dtype, device=dev)
         fn = lambda x=x: torch.ops.sparkctl_exl3.exl3_gemm(x, tr, suh, svh, 2)  # noqa: E731  (2: mul1)
         rec["head_us"][str(rows)] = round(time_us(fn, device, calls=50 if device == "cuda" else 3), 2)
+    with contextlib.suppress(Exception):  # cleanup: run_child kills what lingers
+        llm.llm_engine.engine_core.shutdown()  # the engine process and its GPU memory go now
     return rec
 
 
@@ -1080,6 +1106,8 @@ def child(job: dict) -> int:
 
 
 def run_child(job: dict, log: Path, timeout: float) -> dict:
+    """One child, in its own process group: killed with everything it started (vLLM's engine core) when it runs
+    past ``timeout`` or lingers 30 s after writing its record, so the next engine finds the GPU free."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "kernels"), os.environ.get("PYTHONPATH")) if p)
     # the slimmed vLLM has no FlashInfer (engine_pack.py); the path counts come back through collective_rpc
@@ -1087,15 +1115,19 @@ def run_child(job: dict, log: Path, timeout: float) -> dict:
     res = Path(job["result"])
     res.unlink(missing_ok=True)
     t0 = time.monotonic()
+    written = None
     with open(log, "w") as fh:
-        p = subprocess.Popen(
-            [sys.executable, __file__, "--child", json.dumps(job)], stdout=fh, stderr=fh, env=env
-        )
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        argv = [sys.executable, __file__, "--child", json.dumps(job)]
+        p = subprocess.Popen(argv, stdout=fh, stderr=fh, env=env, start_new_session=True)
+        while p.poll() is None:
+            now = time.monotonic()
+            if written is None and res.exists():
+                written = now
+            if now - t0 > timeout or (written is not None and now - written > 30):
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                break
+            time.sleep(0.5)
     if res.exists():
         rec = json.loads(res.read_text())
         res.unlink()
