@@ -963,11 +963,12 @@ def assemble(
 
 def verdict(report: dict) -> dict:
     """The issue's bounds: vLLM's per-layer decode at batch 1 at most exllamav3's; TTFT at the decode prompt
-    length (2k) no worse, at the shallowest depth both measured."""
+    length (2k) no worse, at the shallowest depth both measured. ``comparable``: false when merged runs came from
+    different GPUs."""
     e = report["engines"]
     v = e.get("vllm", {}).get("summary", {})
     x = e.get("exllamav3", {}).get("summary", {})
-    out: dict = {}
+    out: dict = {"comparable": not report["meta"].get("devices_differ", False)}
     lv = v.get("decode", {}).get("1", {}).get("per_layer_us")
     lx = x.get("decode", {}).get("1", {}).get("per_layer_us")
     out["per_layer_b1"] = (
@@ -1059,6 +1060,8 @@ def render(report: dict) -> str:
         )
     v = report["verdict"]
     pl, tt = v["per_layer_b1"], v["ttft"]
+    if report["meta"].get("devices_differ"):
+        lines += ["", f"NOTE: merged runs from different GPUs ({report['meta']['device']}): not comparable"]
     lines += [
         "",
         "verdict: per-layer decode b1 "
@@ -1210,6 +1213,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--dry-run", action="store_true", help="CPU: tiny checkpoint, loader checks, vLLM's CPU build"
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="one report from the model_speed.json of runs made in separate calls (one engine each)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -1232,6 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"model speed: {bad}")
         return 2
+    if args.merge:
+        return merge(args.merge, args.out, args.mtp_acceptance)
     t0 = time.monotonic()
 
     def say(s: str) -> None:
@@ -1280,6 +1292,47 @@ def main(argv: list[str] | None = None) -> int:
     _atomic_write(out / "model_speed.txt", text)
     print(text, flush=True)
     return 1 if failed else 0
+
+
+def merge(paths: list[Path], out: Path, mtp_acceptance: float | None) -> int:
+    """One report from reports of separate device calls (exllamav3 in one, vLLM in the other, when both engines'
+    carried files do not fit one call): same checkpoint spec and plan required; runs on different GPUs are merged
+    but the verdict says they are not comparable."""
+    try:
+        reports = [json.loads(p.read_text()) for p in paths]
+    except (OSError, ValueError) as exc:
+        print(f"model speed: cannot read a report to merge: {exc}")
+        return 2
+    first = reports[0]
+    if any((r.get("spec"), r.get("plan")) != (first.get("spec"), first.get("plan")) for r in reports):
+        print("model speed: the reports to merge differ in checkpoint spec or plan")
+        return 2
+    runs: dict[str, dict[int, dict]] = {}
+    for path, r in zip(paths, reports, strict=True):
+        for engine, e in r["engines"].items():
+            measured = {int(d): x for d, x in e["runs"].items() if "decode" in x}
+            if engine in runs and measured and any("decode" in x for x in runs[engine].values()):
+                print(f"model speed: {engine} was measured in more than one report ({path})")
+                return 2
+            if measured or engine not in runs:
+                runs[engine] = {int(d): x for d, x in e["runs"].items()}
+    devices = sorted({r["meta"].get("device", "?") for r in reports})
+    meta = {
+        "merged": [str(p) for p in paths],
+        "device": " + ".join(devices),
+        "devices_differ": len(devices) > 1,
+    }
+    acc = first["mtp_acceptance"]
+    acceptance = (
+        (mtp_acceptance, "--mtp-acceptance") if mtp_acceptance is not None else (acc["value"], acc["source"])
+    )
+    report = assemble(Spec(**first["spec"]), Plan.from_dict(first["plan"]), runs, acceptance, meta)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "model_speed.json", json.dumps(report, indent=1) + "\n")
+    text = render(report)
+    _atomic_write(out / "model_speed.txt", text)
+    print(text, end="")
+    return 0
 
 
 def check_checkpoints(dirs: dict[int, Path], spec: Spec, say: Callable[[str], None]) -> dict[str, str]:

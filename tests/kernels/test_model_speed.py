@@ -226,7 +226,7 @@ def test_one_depth_is_an_upper_bound_and_failures_show(ms) -> None:
     assert "upper bound" in v["method"] and v["per_layer_us"] == pytest.approx((700 + 240 - 150) / 4)
     assert rep["engines"]["vllm"]["glm53_flash_one_spark"]["mtp"] is None
     assert rep["engines"]["exllamav3"]["glm53_flash_one_spark"] is None
-    assert rep["verdict"] == {"per_layer_b1": None, "ttft": None}
+    assert rep["verdict"] == {"comparable": True, "per_layer_b1": None, "ttft": None}
     assert "RuntimeError: boom" in ms.render(rep)
 
 
@@ -313,3 +313,31 @@ def test_dry_run_drives_vllm_cpu_through_the_checkpoint(tmp_path: Path) -> None:
     assert set(run["head_us"]) == {"1", "8"}
     assert "dry run" in rep["engines"]["exllamav3"]["runs"]["1"]["skipped"]
     assert (tmp_path / "out" / "model_speed.txt").read_text().startswith("checkpoint: Glm4MoeForCausalLM")
+
+
+def test_merge_reports_of_separate_calls(ms, tmp_path: Path, capsys) -> None:
+    """exllamav3 measured in one device call and vLLM in another (their carried files do not fit one call): one
+    report, judged only when both ran on the same GPU."""
+    spec, plan = ms.Spec(), ms.FULL
+
+    def report(engine: str, device: str, per_layer: float) -> Path:
+        other = "vllm" if engine == "exllamav3" else "exllamav3"
+        runs = {
+            engine: {d: _record(d, per_layer, 700.0, 150.0, 300.0) for d in (4, 8)},
+            other: {d: {"engine": other, "skipped": "not in this call"} for d in (4, 8)},
+        }
+        p = tmp_path / f"{engine}-{device}.json"
+        p.write_text(json.dumps(ms.assemble(spec, plan, runs, (None, "not measured"), {"device": device})))
+        return p
+
+    x, v = report("exllamav3", "H100", 80.0), report("vllm", "H100", 60.0)
+    assert ms.main(["--merge", str(x), str(v), "--out", str(tmp_path / "m")]) == 0
+    rep = json.loads((tmp_path / "m" / "model_speed.json").read_text())
+    assert rep["verdict"]["comparable"] and rep["verdict"]["per_layer_b1"]["met"]
+    assert rep["engines"]["exllamav3"]["summary"]["decode"]["1"]["per_layer_us"] == pytest.approx(80.0)
+    other = report("vllm", "H200", 60.0)
+    assert ms.main(["--merge", str(x), str(other), "--out", str(tmp_path / "n")]) == 0
+    assert "not comparable" in (tmp_path / "n" / "model_speed.txt").read_text()
+    assert ms.main(["--merge", str(v), str(other), "--out", str(tmp_path / "o")]) == 2  # vLLM measured twice
+    assert ms.main(["--merge", str(tmp_path / "absent.json"), "--out", str(tmp_path / "p")]) == 2
+    assert "Traceback" not in capsys.readouterr().out
