@@ -24,7 +24,8 @@ between them), at each depth, shallowest first:
   tokens (greedy, no stop condition / ``ignore_eos``), fresh prompts each time; one step = (T(160) - T(32)) / 128,
   so prefill, queueing, start-up and a batch's ramp (its prefills interleaved with the first decode steps) cancel.
   Medians of 3 pairs, after one untimed run of every shape. exllamav3's generator runs with ``prefill_cooldown=0``
-  (a waiting prompt's chunk in every iteration, as vLLM's scheduler does), so a batch of 8 fills in 8 iterations.
+  (a waiting prompt's chunk in every iteration, as vLLM's scheduler does), so a batch of 8 fills in ~16 steps in
+  either engine, inside the first 32 tokens.
 * **lm_head alone** at 1 and 8 rows through the engine's own kernel for it (exllamav3's ``Linear``; our
   ``exl3_gemm`` op, as the plugin's head calls it): CUDA events around 50 calls.
 
@@ -532,9 +533,9 @@ class Plan:
     ttft: tuple[int, ...] = (2048, 8192)
     batches: tuple[int, ...] = (1, 8)
     repeats: int = 3
-    #: more new tokens than a batch takes to get all its prefills in (vLLM ~2 steps per 2048-token prompt at
-    #: 2048 tokens a step, exllamav3 one iteration each): both runs then ramp up and down the same way, and their
-    #: difference is n2 - n1 steps at the full batch
+    #: more new tokens than a batch takes to get all its prefills in (~16 steps for 8 prompts of 2048 in either
+    #: engine: vLLM's 2048-token steps minus the decodes, exllamav3's 1024-token shared chunks while others
+    #: generate): both runs then ramp up and down the same way, and their difference is n2 - n1 full-batch steps
     n1: int = 32
     n2: int = 160
 
@@ -633,9 +634,8 @@ def cache_tokens(plan: Plan) -> int:
 def run_exllamav3(model_dir: Path, plan: Plan, device: str, say: Callable[[str], None]) -> dict:
     if device != "cuda":
         raise RuntimeError("exllamav3 runs on CUDA only (its extension)")
-    os.environ["EXL3_EXPANDABLE_SEGMENTS"] = (
-        "1"  # exllamav3's own default allocator setting, in its own process
-    )
+    # exllamav3's own default allocator setting (peer_exllamav3 turns it off where our ops share the process)
+    os.environ["EXL3_EXPANDABLE_SEGMENTS"] = "1"
     sys.path.insert(0, str(BENCH))
     import peer_exllamav3
     import torch
@@ -652,7 +652,7 @@ def run_exllamav3(model_dir: Path, plan: Plan, device: str, say: Callable[[str],
     model.load("cuda:0")
     tokenizer = Tokenizer.from_config(config)
     # prefill_cooldown 0: a waiting prompt's chunk in every iteration (its default 4 spreads a batch's prefills
-    # over ~35 iterations, longer than the n1 tokens the decode difference needs the batch to be full by)
+    # over ~80 iterations, longer than the n1 tokens the decode difference needs the batch to be full by)
     gen = Generator(model=model, cache=cache, tokenizer=tokenizer, max_chunk_size=CHUNK, prefill_cooldown=0)
     rec.update(
         load_s=round(time.monotonic() - t0, 1),
@@ -764,9 +764,12 @@ def run_vllm(model_dir: Path, plan: Plan, device: str, say: Callable[[str], None
     except Exception as exc:  # the counts are a diagnosis; the timings stand without them
         rec["paths"] = {"unavailable": f"{type(exc).__name__}: {str(exc)[:200]}"}
     say(f"  kernel paths reached: {rec['paths']}")
-    # the lm_head alone, through the op the plugin's head calls
+    # the lm_head alone, through the op the plugin's head calls (head_paths: our kernel, not the reference)
     import sparkctl_exl3.ops  # noqa: F401  (defines torch.ops.sparkctl_exl3.*)
     from safetensors import safe_open
+    from sparkctl_exl3 import paths
+
+    paths.reset()
 
     dev = "cuda:0" if device == "cuda" else "cpu"
     with safe_open(str(model_dir / "model.top.safetensors"), framework="pt", device=dev) as st:
@@ -777,6 +780,9 @@ def run_vllm(model_dir: Path, plan: Plan, device: str, say: Callable[[str], None
         x = torch.randn(rows, suh.shape[0], dtype=dtype, device=dev)
         fn = lambda x=x: torch.ops.sparkctl_exl3.exl3_gemm(x, tr, suh, svh, 2)  # noqa: E731  (2: mul1)
         rec["head_us"][str(rows)] = round(time_us(fn, device, calls=50 if device == "cuda" else 3), 2)
+    rec["head_paths"] = paths.counts()
+    if any(k in FALLBACKS for k in rec["head_paths"]):
+        rec.setdefault("fallbacks", []).append(f"lm_head alone: {sorted(rec['head_paths'])}")
     with contextlib.suppress(Exception):  # cleanup: run_child kills what lingers
         llm.llm_engine.engine_core.shutdown()  # the engine process and its GPU memory go now
     return rec

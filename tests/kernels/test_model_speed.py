@@ -310,7 +310,9 @@ def test_dry_run_drives_vllm_cpu_through_the_checkpoint(tmp_path: Path) -> None:
     run = rep["engines"]["vllm"]["runs"]["1"]
     assert set(run["decode"]) == {"1", "8"} and set(run["ttft_ms"]) == {"16", "48"}
     assert run["paths"].get("moe-routed-cpu") and run["fallbacks"]  # the CPU runs the reference, and says so
-    assert set(run["head_us"]) == {"1", "8"}
+    assert set(run["head_us"]) == {"1", "8"} and run["head_paths"] == {
+        "linear-reference": 16
+    }  # 2 x (5 + 3) calls
     assert "dry run" in rep["engines"]["exllamav3"]["runs"]["1"]["skipped"]
     assert (tmp_path / "out" / "model_speed.txt").read_text().startswith("checkpoint: Glm4MoeForCausalLM")
 
