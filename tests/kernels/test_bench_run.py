@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import loaded
 
 RUN_PY = Path(__file__).resolve().parents[2] / "kernels" / "bench" / "run.py"
 
 
 @pytest.fixture(scope="module")
 def run_module():
-    spec = importlib.util.spec_from_file_location("kernels_bench_run", RUN_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from loaded(RUN_PY, "kernels_bench_run")
 
 
 def test_bench_registers_its_kernels(run_module) -> None:

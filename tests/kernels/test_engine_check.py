@@ -3,22 +3,17 @@ runs at and why, which MoE decode path it must reach, and the verdict over a job
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from script_module import loaded
 
 SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "bench" / "engine_check.py"
 
 
 @pytest.fixture(scope="module")
 def ec():
-    spec = importlib.util.spec_from_file_location("engine_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["engine_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    yield from loaded(SCRIPT, "engine_check")
 
 
 def test_glm4_moe_runs_at_fp32_everything_else_at_fp16(ec) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_module import loaded
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "kernels" / "bench" / "model_speed.py"
@@ -22,13 +23,7 @@ SCRIPT = REPO / "kernels" / "bench" / "model_speed.py"
 
 @pytest.fixture(scope="module")
 def ms():
-    spec = importlib.util.spec_from_file_location("kernels_bench_model_speed", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from loaded(SCRIPT, "kernels_bench_model_speed")
 
 
 def _linear_bytes(i: int, o: int, bits: int, bias: bool = False) -> int:
