@@ -200,15 +200,45 @@ def test_report_per_layer_floor_projection_and_verdict(ms) -> None:
     mtp_us = 40 * l3 + 150 * r + 550 + 2 * (60 * r + 150 * r)
     assert p["mtp"]["tok_s"] == pytest.approx(1e6 * (1 + 2 * 0.6) / mtp_us, abs=0.1)
     assert rep["verdict"]["per_layer_b1"]["met"] is True
+    # the high end: each layer and the head at the larger of the time measured here and the GB10's floor
+    high_us = 40 * max(60, rep["floors"]["1"]["gb10_floor_us"]) + max(150, ms.head_bytes(spec) / 273e3) + 550
+    assert p["tok_s_high"] == pytest.approx(1e6 / high_us, abs=0.1)
+    assert not v["below_floor"] and p["at_floor"] == []
+    # TTFT: each engine's line through its depths (320 + layers, 300 + layers) read at GLM-5.3-Flash's 40 layers
     assert rep["verdict"]["ttft"] == {
         "prompt": 2048,
-        "layers": 4,
-        "vllm_ms": 324.0,
-        "exllamav3_ms": 304.0,
+        "layers": 40,
+        "vllm_ms": 360.0,
+        "exllamav3_ms": 340.0,
         "met": False,
+        "method": "each engine's TTFT line through its depths, read at 40 layers",
     }
     text = ms.render(rep)
     assert "per-layer decode b1 vLLM 60.0 vs exllamav3 100.0 us: MET" in text and "NOT MET" in text
+
+
+def test_a_per_layer_figure_below_the_floor_gives_no_verdict_and_the_floor_projects(ms) -> None:
+    """Seen on the H100 at 4 and 8 layers: vLLM's batch-1 step hardly grew with the layers (host-bound), so the
+    slope (17 us) was under the bandwidth floor (21 us): no layer time, no verdict, and the GB10 takes its floor."""
+    spec = ms.Spec()
+    runs = {
+        "exllamav3": {d: _record(d, 100.0, 900.0, 200.0, 300.0) for d in (4, 8)},
+        "vllm": {d: _record(d, 10.0, 1300.0, 150.0, 320.0) for d in (4, 8)},
+    }
+    rep = ms.assemble(spec, ms.FULL, runs, (None, "not measured"), {"device": "NVIDIA H200"})
+    assert rep["gpu_gbs"]["value"] == 4800.0
+    assert rep["floors"]["1"]["floor_us"] == pytest.approx(
+        ms.layer_bytes(spec, 1)["total"] / 4.8e12 * 1e6, abs=0.01
+    )
+    v = rep["engines"]["vllm"]["summary"]["decode"]["1"]
+    assert v["below_floor"] and not rep["engines"]["exllamav3"]["summary"]["decode"]["1"]["below_floor"]
+    p = rep["engines"]["vllm"]["glm53_flash_one_spark"]
+    assert p["layer_gb10_us"] == pytest.approx(rep["floors"]["1"]["gb10_floor_us"], abs=0.05)
+    assert p["at_floor"] == ["1", "8"]  # the 8-row slope (20 us) is under its floor too
+    assert rep["verdict"]["per_layer_b1"]["met"] is None
+    assert rep["verdict"]["per_layer_b1"]["host_bound"] == ["vllm"]
+    text = ms.render(rep)
+    assert "NO VERDICT (vllm below the bandwidth floor" in text and "BELOW THE FLOOR" in text
 
 
 def test_one_depth_is_an_upper_bound_and_failures_show(ms) -> None:
