@@ -68,6 +68,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import statistics
 import struct
@@ -541,6 +542,8 @@ class Plan:
     #: generate): both runs then ramp up and down the same way, and their difference is n2 - n1 full-batch steps
     n1: int = 32
     n2: int = 160
+    #: after the timings, one prefill and the two decode runs again under torch's profiler (``--profile``)
+    profile: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
@@ -556,7 +559,7 @@ class Plan:
 FULL = Plan()
 QUICK = replace(FULL, repeats=2, n2=96)
 #: ``--dry-run``: vLLM's CPU build through the same driver, at sizes its reference decoder gets through in seconds
-CPU_PLAN = Plan(prompt=16, ttft=(16, 48), repeats=1, n1=2, n2=4)
+CPU_PLAN = Plan(prompt=16, ttft=(16, 48), repeats=1, n1=2, n2=4, profile=True)
 
 
 def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
@@ -564,8 +567,62 @@ def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
     return [rng.randrange(FIRST_SPECIAL, vocab) for _ in range(n)]
 
 
+#: kernel families of a profile, by the first pattern a kernel's name matches (lower case)
+FAMILIES = (
+    ("attention", re.compile(r"attn|attention|flash|paged|reshape_and_cache")),
+    ("exl3 gemv / fused moe", re.compile(r"gemv|exl3_moe|moe_kernel|fused_moe")),
+    ("exl3 reconstruction", re.compile(r"recon")),
+    ("moe routing / permute", re.compile(r"topk|moe|expert|route|permute|align|scatter|gather|index")),
+    ("gemm (cuBLAS / CUTLASS)", re.compile(r"gemm|cutlass|cublas|sm90_|ampere_|kernel2|nvjet|xmma")),
+    ("norm / rotary / act", re.compile(r"norm|rotary|rope|silu|gelu|act_and_mul")),
+    ("elementwise / copy", re.compile(r"elementwise|copy|memcpy|memset|fill|cat|triton_poi|triton_red")),
+)
+
+
+def profile_table(prof: object, cuda: bool) -> dict[str, dict]:
+    """What one profiled run spent, by kernel (CUDA time on a GPU, the ops' own CPU time in the dry run): name ->
+    total us and calls, the 60 largest."""
+    rows = []
+    for e in prof.key_averages():  # type: ignore[attr-defined]
+        t = (
+            (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0))
+            if cuda
+            else e.self_cpu_time_total
+        )
+        if t > 0 and (not cuda or e.device_type.name == "CUDA"):
+            rows.append((e.key, float(t), int(e.count)))
+    rows.sort(key=lambda r: -r[1])
+    return {k: {"us": round(t, 1), "calls": c} for k, t, c in rows[:60]}
+
+
+def families(table: dict[str, dict], scale: float = 1.0) -> dict[str, float]:
+    """A profile table summed by :data:`FAMILIES` (``scale``: e.g. 1 / decode steps)."""
+    out: dict[str, float] = {}
+    for name, r in table.items():
+        fam = next((f for f, rx in FAMILIES if rx.search(name.lower())), "other")
+        out[fam] = out.get(fam, 0.0) + r["us"] * scale
+    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def per_step(long: dict[str, dict], short: dict[str, dict], steps: int) -> dict[str, dict]:
+    """The kernels of ``steps`` decode steps: the longer run's profile minus the shorter one's, per kernel."""
+    out = {}
+    for k, r in long.items():
+        d = r["us"] - short.get(k, {"us": 0.0})["us"]
+        if d > 0:
+            out[k] = {
+                "us": round(d / steps, 2),
+                "calls": round((r["calls"] - short.get(k, {"calls": 0})["calls"]) / steps, 2),
+            }
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us"]))
+
+
 def measure(
-    run: Callable[[list[list[int]], int], float], vocab: int, plan: Plan, say: Callable[[str], None]
+    run: Callable[[list[list[int]], int], float],
+    vocab: int,
+    plan: Plan,
+    say: Callable[[str], None],
+    profiler: tuple[Callable[[], None], Callable[[], dict]] | None = None,
 ) -> dict:
     """TTFT and decode step times of one engine through ``run(prompts, new_tokens) -> wall seconds``.
 
@@ -600,7 +657,45 @@ def measure(
             "step_samples_ms": [round(1e3 * s, 4) for s in steps],
         }
         say(f"  decode batch {b}: {1e3 * step:.3f} ms/step, {b / step:.1f} tok/s")
+    if plan.profile and profiler is not None:
+        # after the timings, so the profiler's own cost is in none of them
+        start, stop = profiler
+        prof: dict[str, dict] = {}
+        for label, new in (("prefill", 1), ("decode_n1", plan.n1), ("decode_n2", plan.n2)):
+            start()
+            run(fresh(plan.prompt), new)
+            prof[label] = stop()
+        step = per_step(prof["decode_n2"], prof["decode_n1"], plan.n2 - plan.n1)
+        out["profile"] = {
+            "prefill": prof["prefill"],
+            "decode_step": step,
+            "prefill_families_us": families(prof["prefill"]),
+            "decode_step_families_us": families(step),
+        }
+        say(f"  profile, prefill {plan.prompt}: {out['profile']['prefill_families_us']}")
+        say(f"  profile, one decode step: {out['profile']['decode_step_families_us']}")
     return out
+
+
+def torch_profiler(cuda: bool) -> tuple[Callable[[], None], Callable[[], dict]]:
+    """Start / stop of torch's profiler in this process (exllamav3's runs, and vLLM's worker through
+    ``collective_rpc``): stop returns :func:`profile_table`."""
+    import torch
+
+    state: dict = {}
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+
+    def start() -> None:
+        state["p"] = torch.profiler.profile(activities=acts)
+        state["p"].start()
+
+    def stop() -> dict:
+        if cuda:
+            torch.cuda.synchronize()
+        state["p"].stop()
+        return profile_table(state["p"], cuda)
+
+    return start, stop
 
 
 def time_us(fn: Callable[[], object], device: str, calls: int = 50) -> float:
@@ -689,7 +784,7 @@ def run_exllamav3(model_dir: Path, plan: Plan, device: str, say: Callable[[str],
             )
         return dt
 
-    rec.update(measure(run, config.vocab_size, plan, say))
+    rec.update(measure(run, config.vocab_size, plan, say, torch_profiler(cuda=True)))
     head = model.modules[model.logit_layer_idx]
     rec["head_us"] = {}
     for rows in plan.batches:
@@ -732,6 +827,26 @@ def _worker_path_counts(worker: object) -> dict[str, int]:
     return paths.counts()
 
 
+def _worker_profile_start(worker: object, cuda: bool) -> None:
+    """Runs inside vLLM's worker: torch's profiler on, kept on the worker object between the two calls (CUPTI sees
+    the kernels of every thread and of CUDA graph replays)."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    worker._model_speed_prof = (torch.profiler.profile(activities=acts), cuda)  # type: ignore[attr-defined]
+    worker._model_speed_prof[0].start()  # type: ignore[attr-defined]
+
+
+def _worker_profile_stop(worker: object) -> dict:
+    import torch
+
+    prof, cuda = worker._model_speed_prof  # type: ignore[attr-defined]
+    if cuda:
+        torch.cuda.synchronize()
+    prof.stop()
+    return profile_table(prof, cuda)
+
+
 #: paths that mean a layer did not run on our CUDA kernels (sparkctl_exl3.paths.PATHS)
 FALLBACKS = ("linear-reference", "weight-reference", "moe-per-expert", "moe-routed-cpu")
 
@@ -760,7 +875,12 @@ def run_vllm(model_dir: Path, plan: Plan, device: str, say: Callable[[str], None
         return dt
 
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    rec.update(measure(run, vocab, plan, say))
+    cuda = device == "cuda"
+    worker_prof = (
+        lambda: llm.collective_rpc(_worker_profile_start, args=(cuda,)),
+        lambda: llm.collective_rpc(_worker_profile_stop)[0],
+    )
+    rec.update(measure(run, vocab, plan, say, worker_prof))
     try:
         rec["paths"] = llm.collective_rpc(_worker_path_counts)[0]
         rec["fallbacks"] = sorted(k for k in rec["paths"] if k in FALLBACKS)
@@ -1130,6 +1250,16 @@ def render(report: dict) -> str:
                 f"  {engine} prefill {n}: {ln['per_layer_ms']:.2f} ms per layer + {ln['rest_ms']:.1f} ms at 0 layers"
                 f" = {ln[f'at_{GLM53_FLASH_LAYERS}_ms']:.1f} ms at {GLM53_FLASH_LAYERS} layers"
             )
+    for engine, e in report["engines"].items():
+        for d, r in e["runs"].items():
+            pr = r.get("profile")
+            if pr:
+                lines.append(
+                    f"  {engine} {d} layers, profiled prefill {plan['prompt']} (us): {pr['prefill_families_us']}"
+                )
+                lines.append(
+                    f"  {engine} {d} layers, profiled decode step (us): {pr['decode_step_families_us']}"
+                )
     acc = report["mtp_acceptance"]
     lines += [
         "",
@@ -1307,6 +1437,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--quick", action="store_true", help="2 repeats and 64 timed decode steps (else 3 and 128)"
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timings, profile one prefill and one decode step per run (torch profiler, kernel families)",
+    )
     ap.add_argument("--engines", default="exllamav3,vllm", help="exllamav3,vllm (default) or one of them")
     ap.add_argument(
         "--write-only", action="store_true", help="write (and on the CPU check) the checkpoints, stop"
@@ -1370,6 +1505,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_only:
         return 1 if failed else 0
     plan = CPU_PLAN if args.dry_run else QUICK if args.quick else FULL
+    if args.profile:
+        plan = replace(plan, profile=True)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     runnable = [e for e in engines if not (args.dry_run and e == "exllamav3")]

