@@ -446,9 +446,11 @@ def check_checksums(pack: Pack, full: bool) -> tuple[Check, int]:
                 h.update(chunk)
                 hashed += len(chunk)
         if h.hexdigest() != sha:
+            mods = pack.modules_in(name)
             c.fail(
-                _few(pack.modules_in(name)) or name,
-                f"{name}: sha256 {h.hexdigest()[:12]}... is not the hub's {sha[:12]}...",
+                name,
+                f"sha256 {h.hexdigest()[:12]}... is not the hub's {sha[:12]}...: bytes of one of its {len(mods)} "
+                "modules changed (the digests of an earlier verify name which)",
             )
     return c, hashed
 
