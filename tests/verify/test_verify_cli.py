@@ -1,0 +1,97 @@
+"""`sparkctl verify` from the outside: the table, --json, the kept record, exit 1 naming the failing module, exit 2
+for bad input, and the doctor line. No engine here (test_verify_engine.py starts a real server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import exl3_real
+import pytest
+from packs import fixture_copy, set_storage
+from sparkctl_proc import run_sparkctl
+
+FIXTURE = "qwen3moe-4.0-mcg"
+
+
+@pytest.fixture
+def fixture_dir() -> Path:
+    reason = exl3_real.missing_reason(FIXTURE)
+    if reason:
+        pytest.skip(reason)
+    return exl3_real.path(FIXTURE) / "model"
+
+
+def test_table_and_kept_record(tmp_path: Path, fixture_dir: Path) -> None:
+    r = run_sparkctl(tmp_path, "verify", str(fixture_dir))
+    assert r.returncode == 0, r.stderr
+    for row in (
+        "files vs index",
+        "EXL3 modules: shape, K, codebook",
+        "routed experts K=4",
+        "MoE forward (routed)",
+    ):
+        assert row in r.stdout
+    assert "PASS" in r.stdout and "FAIL" not in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("read ") and " s; PASS; kept in " in last  # bytes read and how long it took
+    kept = Path(last.rsplit("kept in ", 1)[1])
+    assert kept == tmp_path / "state" / "verify" / f"{FIXTURE}.json"
+    assert json.loads(kept.read_text())["ok"] is True
+    # a second run compares every tensor it reads with the first's digests
+    j = run_sparkctl(tmp_path, "verify", str(fixture_dir), "--json")
+    assert j.returncode == 0, j.stderr
+    rec = json.loads(j.stdout)
+    assert rec["ok"] is True and rec["mode"] == "quick" and "digests" not in rec
+    drift = next(c for c in rec["checks"] if c["what"] == "unchanged since last verify")
+    assert drift["verdict"] == "pass" and drift["checked"] > 0
+    assert rec["bytes_read"] < rec["pack_bytes"] and rec["seconds"] > 0
+
+
+def test_failure_exits_1_naming_the_module(tmp_path: Path) -> None:
+    model = fixture_copy(FIXTURE, tmp_path / "packs")
+    module = "model.layers.0.self_attn.v_proj"
+    set_storage(model, module, bits_per_weight=2)
+    r = run_sparkctl(tmp_path, "verify", str(model))
+    assert r.returncode == 1
+    assert "FAIL" in r.stdout
+    (line, *_rest) = r.stderr.strip().splitlines()
+    assert line.startswith(
+        f"error: verify {FIXTURE}: EXL3 modules: shape, K, codebook: {module}: trellis holds K=4"
+    )
+    j = run_sparkctl(tmp_path, "verify", str(model), "--json")
+    assert j.returncode == 1
+    rec = json.loads(j.stdout)
+    assert rec["ok"] is False
+    (bad,) = [f for c in rec["checks"] for f in c["failures"]]
+    assert bad["module"] == module
+
+
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("no-such-recipe", "no-such-recipe"),
+        ("tests", "not a model directory"),
+        ("tiny-gguf", "not EXL3"),
+    ],
+)
+def test_bad_input_exits_2_in_one_line(tmp_path: Path, arg: str, says: str) -> None:
+    r = run_sparkctl(tmp_path, "verify", arg)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and says in r.stderr.splitlines()[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_doctor_says_when_a_pack_was_never_verified(tmp_path: Path) -> None:
+    never = run_sparkctl(tmp_path, "doctor", "tiny-exl3-moe", "--json")
+    (line,) = [c for c in json.loads(never.stdout)["checks"] if c["name"] == "verified"]
+    assert line["status"] == "warn" and "never verified" in line["detail"]
+    assert line["hint"].startswith("sparkctl verify tiny-exl3-moe")
+    v = run_sparkctl(tmp_path, "verify", "tiny-exl3-moe", timeout=300)  # makes the tiny pack, no network
+    assert v.returncode == 0, v.stderr
+    after = run_sparkctl(tmp_path, "doctor", "tiny-exl3-moe", "--json")
+    (line,) = [c for c in json.loads(after.stdout)["checks"] if c["name"] == "verified"]
+    assert line["status"] == "pass" and "passed the quick verify" in line["detail"]
+    # a recipe that is no EXL3 pack has no such line
+    other = run_sparkctl(tmp_path, "doctor", "tiny", "--json")
+    assert "verified" not in [c["name"] for c in json.loads(other.stdout)["checks"]]
