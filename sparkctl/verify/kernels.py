@@ -120,6 +120,7 @@ def check_linears(
     out: list[Check] = []
     for kind, prefixes in chosen.items():
         c = Check("kernels", kind, bound=LINEAR_BOUND[dev.name], unit="rel L2")
+        taken = _PathCount()
         c.note = (
             "GEMV rows 1, 8 + reconstruction (CUDA)"
             if dev.kernels
@@ -150,8 +151,25 @@ def check_linears(
                 if not err <= RECON_BOUND:
                     c.fail(prefix, f"reconstruction rel L2 {err:.3g} > bound {RECON_BOUND:.3g}")
                 c.worst = max(c.worst or 0.0, err)
+        c.note += taken.done()
         out.append(c)
     return out
+
+
+class _PathCount:
+    """Which compute paths (`sparkctl_exl3.paths`) the calls of one row took: a kernel that does not take a shape
+    falls back to the reference silently (right numbers, slow), and the row should say so."""
+
+    def __init__(self) -> None:
+        from sparkctl_exl3 import paths
+
+        self.paths = paths
+        self.before = paths.counts()
+
+    def done(self) -> str:
+        now = self.paths.counts()
+        used = {k: v - self.before.get(k, 0) for k, v in now.items() if v - self.before.get(k, 0) > 0}
+        return "; paths: " + ", ".join(f"{k} x{v}" for k, v in sorted(used.items())) if used else ""
 
 
 def _to(w, dev: Device):  # noqa: ANN001, ANN202 (ShardWeights, imported lazily)
@@ -230,7 +248,7 @@ def check_moe(
     cfg = text_config(pack.config)
     top_k = int(cfg.get("num_experts_per_tok") or 2)
     gen = torch.Generator().manual_seed(SEED + 1)
-    paths = set()
+    taken = _PathCount()
     for head in heads:
         progress(f"kernels: {head} (MoE)")
         ids = sorted(layers[head])
@@ -258,7 +276,7 @@ def check_moe(
         ]
         fused = fused_tables(dexperts, ids, hidden=hidden, intermediate=inter) if dev.name == "cuda" else None
         reference = _ExpertsFp64(dict(zip(ids, experts, strict=True)))
-        for tokens in MOE_TOKENS if not full else (*MOE_TOKENS, 33):
+        for tokens in MOE_TOKENS if not full else (*MOE_TOKENS, 33, 80):
             x = torch.randn(tokens, hidden, generator=gen)
             if gate is not None and gate.shape[-1] == hidden:
                 logits = x @ gate.T
@@ -281,8 +299,7 @@ def check_moe(
             )
             ref = reference(x, weights, topk_ids)
             c.error(rel_l2(y, ref), head, f"rel L2 at {tokens} tokens")
-        paths.add("fused" if fused is not None else ("per-expert" if dev.name == "cuda" else "routed (CPU)"))
-    c.note = f"{', '.join(sorted(paths))}; {'1..8' if not full else '1..8, 33'} tokens, the pack's router"
+    c.note = f"{'1..8' if not full else '1..8, 33, 80'} tokens, the pack's router{taken.done()}"
     return c
 
 
