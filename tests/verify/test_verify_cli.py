@@ -95,3 +95,22 @@ def test_doctor_says_when_a_pack_was_never_verified(tmp_path: Path) -> None:
     # a recipe that is no EXL3 pack has no such line
     other = run_sparkctl(tmp_path, "doctor", "tiny", "--json")
     assert "verified" not in [c["name"] for c in json.loads(other.stdout)["checks"]]
+
+
+def test_bench_says_which_verification_its_numbers_were_taken_under(
+    tmp_path: Path, fixture_dir: Path
+) -> None:
+    from sparkctl.bench.report import render_html, verification_line
+    from sparkctl.bench.runner import _verification
+    from sparkctl.verify import records
+    from sparkctl.verify.run import verify
+
+    assert _verification("my-pack") is None
+    assert verification_line(None, "my-pack") == "pack never verified (sparkctl verify my-pack)"
+    records.save(verify(fixture_dir, name="my-pack", device="cpu"))
+    v = _verification("my-pack")
+    assert v is not None and v["ok"] and v["layers"] == ["kernels", "pack"]
+    line = verification_line(v, "my-pack")
+    assert line.startswith("pack passed quick verify (kernels+pack) of 20")
+    record = {"target": {"recipe": "my-pack"}, "verification": v, "variants": [], "host": {}, "server": {}}
+    assert line in render_html(record)
