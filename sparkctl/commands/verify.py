@@ -160,6 +160,17 @@ def _resolve(recipe: str, sets: tuple[str, ...], *, engine: bool) -> tuple[str, 
         raise UserError(
             f"{recipe}: its model ({src}) is not on this machine yet", hint=f"sparkctl up {recipe} fetches it"
         )
+    steps = getattr(plan.model, "prepare", None)
+    if (
+        steps is not None
+    ):  # the engine serves the prepare overlay (fixed index/config), so that is what to check
+        overlay = Path(steps.overlay)
+        if not (overlay / "config.json").is_file():
+            raise UserError(
+                f"{recipe}: its pack is served from a prepared overlay that is not made yet",
+                hint=f"sparkctl prepare {recipe} (or sparkctl up {recipe} --verify)",
+            )
+        model_dir = overlay
     return plan.recipe_name, Path(model_dir), _target(plan.recipe_name) if engine else None
 
 

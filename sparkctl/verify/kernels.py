@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,16 +53,33 @@ def sample(pack: Pack, facts: dict[str, ModuleFacts], full: bool) -> dict[str, l
     return {k: sorted({v[0], v[-1]}, key=v.index)[:QUICK_PER_KIND] for k, v in kinds.items()}
 
 
-def exact_weight(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook: str) -> torch.Tensor:
-    """fp64 W [I, O] = diag(suh) . Hk . W_hat . Hn . diag(svh) (SPEC 4), W_hat from the bit-exact reference decoder."""
+#: output columns of W decoded to fp64 at once: a 151k-row lm_head would be 5 GiB in fp64, a block of 2048 columns
+#: of a 4096-wide input 64 MiB (the Hadamard on the right acts within 128-column blocks, so any multiple of 128 cuts)
+BLOCK_COLS = 2048
+
+
+def exact_blocks(
+    trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook: str
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first column, fp64 W[:, block]) of W = diag(suh) . Hk . W_hat . Hn . diag(svh) (SPEC 4), block by block,
+    W_hat from the bit-exact reference decoder."""
     from sparkctl_exl3 import reference
 
-    w = reference.w_hat(trellis.cpu(), codebook).double()
     h = reference.hadamard_128(dtype=torch.float64)
-    i, o = w.shape
-    w = (h @ w.reshape(i // 128, 128, o)).reshape(i, o)
-    w = (w.reshape(i, o // 128, 128) @ h).reshape(i, o)
-    return w * suh.cpu().double()[:, None] * svh.cpu().double()[None, :]
+    trellis, suh, svh = trellis.cpu(), suh.cpu().double(), svh.cpu().double()
+    tiles = BLOCK_COLS // 16
+    for t0 in range(0, trellis.shape[1], tiles):
+        w = reference.w_hat(trellis[:, t0 : t0 + tiles].contiguous(), codebook).double()
+        i, o = w.shape
+        w = (h @ w.reshape(i // 128, 128, o)).reshape(i, o)
+        w = (w.reshape(i, o // 128, 128) @ h).reshape(i, o)
+        yield 16 * t0, w * suh[:, None] * svh[16 * t0 : 16 * t0 + o][None, :]
+
+
+def exact_product(x: torch.Tensor, w) -> torch.Tensor:  # noqa: ANN001 (ShardWeights)
+    """x (any dtype) . W in fp64, W decoded block by block."""
+    xd = x.double().cpu()
+    return torch.cat([xd @ b for _, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook)], dim=1)
 
 
 def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -135,19 +152,25 @@ def check_linears(
                 c.fail(prefix, str(exc))
                 continue
             c.checked += 1
-            w64 = exact_weight(w.trellis, w.suh, w.svh, w.codebook)
-            i, o = w64.shape
+            i, o = int(w.suh.shape[0]), int(w.svh.shape[0])
             wd = _to(w, dev)
             op_dtype = torch.float16 if dev.name == "cuda" else torch.float32
-            for rows in LINEAR_ROWS:
-                x = torch.randn(rows, i, generator=gen)
+            xs = [torch.randn(rows, i, generator=gen) for rows in LINEAR_ROWS]
+            refs = exact_product(torch.cat(xs), w).split(list(LINEAR_ROWS))
+            for x, ref in zip(xs, refs, strict=True):
                 y = exl3_linear(x.to(dev.torch), wd, o, op_dtype)
-                c.error(rel_l2(y, x.double() @ w64), prefix, f"rel L2 at {rows} rows")
+                c.error(rel_l2(y, ref), prefix, f"rel L2 at {x.shape[0]} rows")
             if dev.kernels:
                 from sparkctl_exl3 import cuda, ops
 
                 wr = cuda.weight(wd.trellis, wd.suh, wd.svh, ops.CODEBOOKS[w.codebook])
-                err = rel_l2(wr, w64)
+                num = den = 0.0
+                for c0, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook):
+                    got = wr[:, c0 : c0 + b.shape[1]].double().cpu()
+                    num += float((got - b).pow(2).sum()) if torch.isfinite(got).all() else float("inf")
+                    den += float(b.pow(2).sum())
+                err = (num / max(den, 1e-300)) ** 0.5
+                del wr
                 if not err <= RECON_BOUND:
                     c.fail(prefix, f"reconstruction rel L2 {err:.3g} > bound {RECON_BOUND:.3g}")
                 c.worst = max(c.worst or 0.0, err)
@@ -206,28 +229,25 @@ def _router(pack: Pack, head: str) -> str | None:
 
 
 class _ExpertsFp64:
-    """The routed experts' sum in fp64, each expert's weights decoded once (only the experts some token chose)."""
+    """The routed experts' weighted sum in fp64. Expert by expert: only the experts some token chose are decoded,
+    each once per call and dropped after (256 experts of a large MoE in fp64 would not fit beside a server)."""
 
     def __init__(self, experts: dict) -> None:
         self.experts = experts
-        self.cache: dict[tuple[int, str], torch.Tensor] = {}
-
-    def w(self, e: int, proj: str) -> torch.Tensor:
-        if (e, proj) not in self.cache:
-            s = getattr(self.experts[e], proj)
-            self.cache[(e, proj)] = exact_weight(s.trellis, s.suh, s.svh, s.codebook)
-        return self.cache[(e, proj)]
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         xd = x.double()
-        out = torch.zeros(x.shape[0], self.w(int(topk_ids[0, 0]), "down").shape[1], dtype=torch.float64)
-        for t in range(x.shape[0]):
-            for j in range(topk_ids.shape[1]):
-                e = int(topk_ids[t, j])
-                h = torch.nn.functional.silu(xd[t] @ self.w(e, "gate"))
-                if self.experts[e].up is not None:
-                    h = h * (xd[t] @ self.w(e, "up"))
-                out[t] += float(weights[t, j]) * (h @ self.w(e, "down"))
+        out: torch.Tensor | None = None
+        for e in sorted({int(i) for i in topk_ids.flatten()}):
+            tok, slot = (topk_ids == e).nonzero(as_tuple=True)
+            ex = self.experts[e]
+            h = torch.nn.functional.silu(exact_product(xd[tok], ex.gate))
+            if ex.up is not None:
+                h = h * exact_product(xd[tok], ex.up)
+            y = exact_product(h, ex.down) * weights[tok, slot].double()[:, None]
+            out = torch.zeros(x.shape[0], y.shape[1], dtype=torch.float64) if out is None else out
+            out.index_add_(0, tok, y)
+        assert out is not None
         return out
 
 
