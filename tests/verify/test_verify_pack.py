@@ -245,3 +245,23 @@ def test_record_round_trips_and_feeds_bench(tmp_path: Path) -> None:
     summary = records.bench_summary("tiny-x")
     assert summary is not None and summary["ok"] and summary["mode"] == "quick"
     assert records.bench_summary("never-verified") is None
+
+
+def test_non_finite_scale_fails_the_kernel_row_naming_the_module(tmp_path: Path) -> None:
+    """A scale overwritten with inf keeps every shape and dtype (the pack layer passes) but poisons the product."""
+    model = fixture_copy(MOE, tmp_path)
+    q = "model.layers.0.self_attn.k_proj"  # the first attention module in the file: always sampled
+    expert = "model.layers.0.mlp.experts.3.down_proj"  # in the MoE layer --quick runs
+
+    def poison(t: dict) -> None:
+        t[f"{q}.suh"][5] = float("inf")
+        t[f"{expert}.svh"][7] = float("nan")
+
+    rewrite(model, poison)
+    rec = verify(model, name="x")
+    assert _row(rec, "EXL3 modules: shape, K, codebook").verdict == PASS
+    assert _row(rec, "attention").verdict == FAIL
+    text = _failed(rec)
+    assert f"attention: {q}: rel L2 at 1 rows inf > bound" in text
+    moe = _row(rec, "MoE forward (routed)")
+    assert moe.verdict == FAIL and moe.failures[0].module == "model.layers.0.mlp.experts"
