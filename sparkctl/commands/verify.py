@@ -75,8 +75,10 @@ def render(record: Any, *, as_json: bool, kept: Path | None = None) -> None:
     from rich.table import Table
 
     tbl = Table(title=f"verify {record.recipe} ({record.mode}) on {record.device}")
-    for col in ("layer", "what", "checked", "worst error", "bound", "verdict", "note"):
-        tbl.add_column(col, justify="right" if col in ("checked", "worst error", "bound") else "left")
+    for col in ("layer", "what", "checked", "worst error", "bound", "max |Δ|", "verdict", "note"):
+        tbl.add_column(
+            col, justify="right" if col in ("checked", "worst error", "bound", "max |Δ|") else "left"
+        )
     style = {"pass": "green", "fail": "bold red", "skip": "dim"}
     for c in record.checks:
         worst = "" if c.worst is None else f"{c.worst:.3g}"
@@ -94,6 +96,7 @@ def render(record: Any, *, as_json: bool, kept: Path | None = None) -> None:
             str(c.checked),
             worst + unit,
             bound,
+            "" if c.max_abs is None else f"{c.max_abs:.3g}",
             f"[{style[c.verdict]}]{c.verdict.upper()}[/]",
             note,
         )

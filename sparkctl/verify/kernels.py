@@ -160,6 +160,7 @@ def check_linears(
             for x, ref in zip(xs, refs, strict=True):
                 y = exl3_linear(x.to(dev.torch), wd, o, op_dtype)
                 c.error(rel_l2(y, ref), prefix, f"rel L2 at {x.shape[0]} rows")
+                c.abs_error(y, ref)
             if dev.kernels:
                 from sparkctl_exl3 import cuda, ops
 
@@ -319,6 +320,7 @@ def check_moe(
             )
             ref = reference(x, weights, topk_ids)
             c.error(rel_l2(y, ref), head, f"rel L2 at {tokens} tokens")
+            c.abs_error(y, ref)
     c.note = f"{'1..8' if not full else '1..8, 33, 80'} tokens, the pack's router{taken.done()}"
     return c
 

@@ -39,6 +39,7 @@ class Check:
     worst: float | None = None
     bound: float | None = None
     unit: str = ""  # what worst/bound measure ("rel L2", "|dlogprob|", ...)
+    max_abs: float | None = None  # kernel rows: the largest |ours - reference| of any output element
     verdict: str = PASS
     failures: list[Failure] = field(default_factory=list)
     note: str = ""
@@ -46,6 +47,17 @@ class Check:
     def fail(self, module: str, reason: str) -> None:
         self.failures.append(Failure(module, reason))
         self.verdict = FAIL
+
+    def abs_error(self, ours: Any, reference: Any) -> None:
+        """Keep the largest absolute difference of two tensors (any device) seen by this row."""
+        d = (
+            float((ours.detach().double().cpu() - reference.double().cpu()).abs().max())
+            if reference.numel()
+            else 0.0
+        )
+        if d != d:  # NaN
+            d = float("inf")
+        self.max_abs = d if self.max_abs is None else max(self.max_abs, d)
 
     def error(self, value: float, module: str, what: str = "") -> None:
         """Record one measured error; above the bound (or not finite) fails that module."""
