@@ -154,8 +154,20 @@ def run(
     agree = positions = 0
     deltas: list[float] = []
     lp.note = f"{len(prompts)} prompts; reference: the plugin's forward functions on {device}, fp32"
+    import httpx
+
     for n, ids in enumerate(prompts):
-        theirs, continuation = _server_answer(target, ids, timeout_s)
+        try:
+            theirs, continuation = _server_answer(target, ids, timeout_s)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            for c in (lp, greedy):
+                c.fail(target.base_url, f"the server did not answer prompt {n} with log-probs: {exc}")
+            return [lp, greedy]
+        if not any(theirs):
+            for c in (lp, greedy):
+                c.verdict = SKIP
+                c.note = "the server returns no prompt log-probs (vLLM's prompt_logprobs): nothing to compare"
+            return [lp, greedy]
         # one reference forward over the prompt and the server's continuation: row t predicts token t+1, so the
         # prompt rows give the log-probs and the rest say what the reference would have chosen at each step
         logits = model.run([ids + continuation], "prefill")[0].float().cpu()

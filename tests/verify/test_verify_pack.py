@@ -265,3 +265,18 @@ def test_non_finite_scale_fails_the_kernel_row_naming_the_module(tmp_path: Path)
     assert f"attention: {q}: rel L2 at 1 rows inf > bound" in text
     moe = _row(rec, "MoE forward (routed)")
     assert moe.verdict == FAIL and moe.failures[0].module == "model.layers.0.mlp.experts"
+
+
+def test_engine_row_fails_naming_a_server_that_does_not_answer(tmp_path: Path) -> None:
+    from sparkctl.server.ports import free_port
+    from sparkctl.verify import engine
+
+    model = exl3_real.path("llama-2.0-3inst") / "model"
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = json.loads((model / "config.json").read_text())
+    lp, greedy = engine.run(model, config, 0, engine.EngineTarget(url, "m"), "cpu", timeout_s=5)
+    assert lp.verdict == greedy.verdict == FAIL
+    assert lp.failures[0].module == url and "did not answer" in lp.failures[0].reason
+    # no server at all: skipped, saying how to get one
+    skipped, _ = engine.run(model, config, 0, None, "cpu")
+    assert skipped.verdict == SKIP and "--verify" in skipped.note
