@@ -22,7 +22,8 @@ Run from the repository root on the device, after building the extension:
 
 Needs torch with CUDA and safetensors (no vLLM, no sparkctl install: the checks import only sparkctl.verify and
 sparkctl_exl3). One line per pack and mode, the worst row, PASS/FAIL; the JSON holds every row.
-Exit status: 0 every pack passes, 1 one fails, 2 no CUDA device or the kernels are not built.
+Exit status: 0 every pack passes, 1 one fails, 2 no CUDA device or the kernels are not built. `--device cpu` runs the
+same packs through the CPU path (what `sparkctl verify` does without a GPU), to try the script anywhere.
 """
 
 from __future__ import annotations
@@ -58,21 +59,25 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("verify_gpu.json"))
     ap.add_argument("--only", nargs="*", help="pack names (fixture folders, tiny-exl3, tiny-exl3-moe)")
     ap.add_argument("--quick-only", action="store_true", help="skip the --full runs")
+    ap.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same runs on the CPU path"
+    )
     args = ap.parse_args()
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("verify_gpu: no CUDA device", file=sys.stderr)
-        return 2
-    from sparkctl_exl3 import ops
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("verify_gpu: no CUDA device", file=sys.stderr)
+            return 2
+        from sparkctl_exl3 import ops
 
-    if ops.cuda_kernel() is None:
-        print(
-            "verify_gpu: the CUDA extension is not built (python3 -m sparkctl_exl3.cuda build)",
-            file=sys.stderr,
-        )
-        return 2
+        if ops.cuda_kernel() is None:
+            print(
+                "verify_gpu: the CUDA extension is not built (python3 -m sparkctl_exl3.cuda build)",
+                file=sys.stderr,
+            )
+            return 2
     os.environ.setdefault("SPARKCTL_STATE_DIR", tempfile.mkdtemp(prefix="verify-gpu-state-"))
     from sparkctl.verify.run import failure_line, verify
 
@@ -88,7 +93,7 @@ def main() -> int:
         for full in (False,) if args.quick_only else (True, False):
             t0 = time.monotonic()
             try:
-                rec = verify(model, name=name, full=full, device="cuda")
+                rec = verify(model, name=name, full=full, device=args.device)
             except Exception as exc:  # one pack that cannot run is that pack's failure; go on with the others
                 ok = False
                 print(
@@ -114,7 +119,7 @@ def main() -> int:
             d.pop("digests", None)
             results.append({"pack": name, "full": full, **d})
     report = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "ok": ok,
         "results": results,

@@ -114,3 +114,47 @@ def test_bench_says_which_verification_its_numbers_were_taken_under(
     assert line.startswith("pack passed quick verify (kernels+pack) of 20")
     record = {"target": {"recipe": "my-pack"}, "verification": v, "variants": [], "host": {}, "server": {}}
     assert line in render_html(record)
+
+
+def test_device_script_runs_on_the_cpu_path(tmp_path: Path) -> None:
+    """bench/verify_gpu.py (the lead runs it on an H100) goes through the same loop here with --device cpu."""
+    import subprocess
+    import sys
+
+    from sparkctl_proc import REPO, sparkctl_env
+
+    out = tmp_path / "verify_gpu.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "bench/verify_gpu.py",
+            "--device",
+            "cpu",
+            "--quick-only",
+            "--only",
+            "llama-2.5-mul1",
+            "tiny-exl3",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=sparkctl_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] is True and [x["pack"] for x in report["results"]] == ["llama-2.5-mul1", "tiny-exl3"]
+    assert all(x["ok"] for x in report["results"])
+    no_gpu = subprocess.run(
+        [sys.executable, "bench/verify_gpu.py", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    import torch
+
+    if not torch.cuda.is_available():
+        assert no_gpu.returncode == 2 and "no CUDA device" in no_gpu.stderr
