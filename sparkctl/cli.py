@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "logs": "sparkctl.commands.lifecycle:logs_cmd",
     "chat": "sparkctl.commands.lifecycle:chat_cmd",
     "bench": "sparkctl.commands.bench:bench_cmd",
+    "verify": "sparkctl.commands.verify:verify_cmd",
     "build": "sparkctl.commands.image:build_cmd",
     "image": "sparkctl.commands.image:image_group",
     "cluster": "sparkctl.commands.cluster:cluster_group",

@@ -40,6 +40,7 @@ CHECK_NAMES = (
     "llama.cpp",
     "freetoken",
     "hf-token",
+    "verified",
 )
 # Engine checks: run for a plan on that engine, in a general check-up, or when asked for by name.
 ENGINE_CHECKS = {"llama.cpp": "llama.cpp", "freetoken": "freetoken"}
@@ -114,6 +115,7 @@ class Needs:
     recipe: str | None = None
     engine: str | None = None
     engine_command: str | None = None  # the executable the plan runs (argv[0])
+    exl3: bool = False  # an EXL3 pack, which `sparkctl verify` checks
 
 
 def needs_of(plan: Plan | None, *, needs_gpu: bool | None = None) -> Needs:
@@ -135,6 +137,7 @@ def needs_of(plan: Plan | None, *, needs_gpu: bool | None = None) -> Needs:
         recipe=plan.recipe_name,
         engine=plan.engine,
         engine_command=plan.argv[0] if plan.argv and plan.runtime == "native" else None,
+        exl3=getattr(plan.model, "format", None) == "exl3",
     )
 
 
@@ -735,6 +738,23 @@ def check_hf_token(present: bool, needs: Needs) -> Check:
     )
 
 
+def check_verified(needs: Needs) -> Check:
+    """Whether the recipe's EXL3 pack was ever checked by `sparkctl verify` on this machine, and how it went."""
+    if not needs.exl3 or not needs.recipe:
+        return Check("verified", "pass", "not an EXL3 recipe: nothing to verify")
+    from sparkctl.verify.records import latest
+
+    rec = latest(needs.recipe)
+    hint = f"sparkctl verify {needs.recipe} (or: sparkctl up {needs.recipe} --verify)"
+    if rec is None:
+        return Check("verified", "warn", f"{needs.recipe}'s pack was never verified on this machine", hint)
+    when = f"{rec.mode} verify of {rec.created_at} on {rec.device.split(' (')[0]}"
+    if not rec.ok:
+        bad = rec.failures()[0]
+        return Check("verified", "warn", f"the last {when} FAILED: {bad[0].what}: {bad[1].module}", hint)
+    return Check("verified", "pass", f"passed the {when}")
+
+
 # --------------------------------------------------------------------------------------------- runner
 
 
@@ -756,6 +776,8 @@ def run_checks(
     needs = needs_of(plan, needs_gpu=needs_gpu)
     if only is None and not needs.token:
         wanted.remove("hf-token")
+    if only is None and not needs.exl3:
+        wanted.remove("verified")
     if only is None and needs.recipe:
         # a docker recipe runs the image's engine, not the one installed here
         wanted = [
@@ -802,5 +824,6 @@ def run_checks(
         "llama.cpp": lambda: check_llamacpp(facts["llama.cpp"], needs),
         "freetoken": lambda: check_freetoken(facts["freetoken"], facts.get("nvidia"), needs),  # type: ignore[arg-type]
         "hf-token": lambda: check_hf_token(bool(facts.get("token")), needs),
+        "verified": lambda: check_verified(needs),
     }
     return [by_name[name]() for name in CHECK_NAMES if name in wanted]

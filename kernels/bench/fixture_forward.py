@@ -63,7 +63,7 @@ from sparkctl_exl3.vllm_plugin.forward import (  # noqa: E402
 
 TOP1_MIN = 0.98
 DLOGPROB_MAX = 0.05
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "MixtralForCausalLM")
 MODES = ("prefill", "batched", "decode")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "exl3_real"
 EXL3_LEAVES = ("trellis", "suh", "svh", "mcg", "mul1")
@@ -105,6 +105,8 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     shared_intermediate: int = 0
     nextn_layers: int = 0  # MTP draft layers stored after the target's (num_nextn_predict_layers)
+    moe_module: str = "mlp"  # a MoE layer's module under model.layers.<i> (Mixtral: block_sparse_moe)
+    expert_projs: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # Mixtral: w1, w3, w2
 
 
 def read_config(model_dir: Path) -> ModelConfig:
@@ -142,6 +144,21 @@ def read_config(model_dir: Path) -> ModelConfig:
         if cfg.get("mlp_bias"):
             raise FixtureError("mlp_bias is not implemented here")
         return ModelConfig(**common, qk_norm=False)
+    if (
+        arch == "MixtralForCausalLM"
+    ):  # sparkctl's tiny-exl3-moe (`sparkctl verify` checks its engine with this)
+        return ModelConfig(
+            **common,
+            qk_norm=False,
+            moe_layers=frozenset(range(layers)),
+            experts=int(cfg["num_local_experts"]),
+            top_k=int(cfg["num_experts_per_tok"]),
+            moe_intermediate=int(cfg["intermediate_size"]),
+            norm_topk_prob=True,
+            scoring="softmax",
+            moe_module="block_sparse_moe",
+            expert_projs=("w1", "w3", "w2"),
+        )
     if arch == "Qwen3MoeForCausalLM":
         step = int(cfg.get("decoder_sparse_step", 1))
         dense = set(cfg.get("mlp_only_layers") or [])
@@ -343,7 +360,7 @@ class FixtureModel:
                     o=self._linear(f"{attn}.o_proj", [f"{attn}.o_proj"], [cfg.hidden]),
                     q_norm=self._plain(f"{attn}.q_norm.weight") if cfg.qk_norm else None,
                     k_norm=self._plain(f"{attn}.k_norm.weight") if cfg.qk_norm else None,
-                    mlp=self._moe(f"{p}.mlp")
+                    mlp=self._moe(f"{p}.{cfg.moe_module}")
                     if i in cfg.moe_layers
                     else self._mlp(f"{p}.mlp", cfg.intermediate),
                 )
@@ -422,7 +439,7 @@ class FixtureModel:
         experts = []
         for e in range(cfg.experts):
             shard = {}
-            for proj in ("gate_proj", "up_proj", "down_proj"):
+            for proj in cfg.expert_projs:
                 name = f"{p}.experts.{e}.{proj}"
                 group = self._groups.get(name)
                 if group is None or "trellis" not in group:
@@ -432,7 +449,8 @@ class FixtureModel:
                 }
                 shard[proj] = finish_shard(name, got)
                 self._used.update(f"{name}.{leaf}" for leaf in got)
-            experts.append(ExpertWeights(shard["gate_proj"], shard["up_proj"], shard["down_proj"]))
+            gate, up, down = (shard[proj] for proj in cfg.expert_projs)
+            experts.append(ExpertWeights(gate, up, down))
         ids = list(range(cfg.experts))
         has_bias = "e_score_correction_bias" in self._groups.get(f"{p}.gate", {})
         self.moes.append(

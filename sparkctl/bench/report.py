@@ -50,6 +50,17 @@ def _page(title: str, meta: str, tables_html: str, data: Any, download_name: str
 """
 
 
+def verification_line(v: dict[str, Any] | None, recipe: str | None) -> str:
+    """Which verification of the pack the numbers were taken under, in words (docs/verify.md)."""
+    if not recipe:
+        return "pack not verified (no recipe)"
+    if not v:
+        return f"pack never verified (sparkctl verify {recipe})"
+    verdict = "passed" if v.get("ok") else "FAILED"
+    layers = "+".join(v.get("layers") or [])
+    return f"pack {verdict} {v.get('mode')} verify ({layers}) of {v.get('created_at')}"
+
+
 def render_html(record: dict[str, Any]) -> str:
     t = record.get("target", {})
     host = record.get("host", {})
@@ -65,7 +76,8 @@ def render_html(record: dict[str, Any]) -> str:
     meta = html.escape(
         f"{t.get('model')} at {t.get('base_url') or t.get('url')} · recipe {t.get('recipe') or '-'} "
         f"(hash {str(server.get('recipe_hash') or '-')[:12]}) · {host.get('hostname')} · {gpus} · "
-        f"sparkctl {record.get('sparkctl_version')} · {record.get('created_at')} · {status}"
+        f"sparkctl {record.get('sparkctl_version')} · {record.get('created_at')} · {status} · "
+        f"{verification_line(record.get('verification'), t.get('recipe'))}"
     )
     parts = ["<section><h2>Results</h2>", _table(tables.COLUMNS, tables.rows(record)), "</section>"]
     g = tables.grid_rows(record)

@@ -164,6 +164,13 @@ def _served(
     }
 
 
+def _verification(recipe: str | None) -> dict[str, Any] | None:
+    """Which `sparkctl verify` of the recipe's pack these numbers were taken under (None: never verified)."""
+    from sparkctl.verify.records import bench_summary
+
+    return bench_summary(recipe) if recipe else None
+
+
 # -- one variant -------------------------------------------------------------------------------------
 
 
@@ -254,6 +261,7 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
                 with _served(opts, overrides, up_reporter, restart=bool(opts.sweep)) as where:
                     rec["target"]["base_url"] = where["base_url"]
                     rec["server"] = where["server"]
+                    rec["verification"] = _verification(where["server"].get("recipe"))
                     _bench_variant(opts, where, variant, save, progress, stop)
             except RuntimeFailure as exc:
                 if not opts.sweep:

@@ -240,6 +240,12 @@ def run_cmd(**kw: Any) -> None:
     _render(rec, markdown=kw["markdown"], as_json=kw["as_json"])
     for p in paths:
         err.print(f"[dim]wrote[/] {p}")
+    if rec["target"].get("recipe"):
+        from rich.markup import escape
+
+        from sparkctl.bench.report import verification_line
+
+        err.print(f"[dim]{escape(verification_line(rec.get('verification'), rec['target']['recipe']))}[/]")
     if outcome.stopped_by is not None:
         if isinstance(outcome.stopped_by, KeyboardInterrupt):
             err.print("[yellow]interrupted: partial results kept[/]")

@@ -148,6 +148,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 @click.option(
     "--build", is_flag=True, help="Build the recipe's image first (sparkctl build; skipped when up to date)."
 )
+@click.option(
+    "--verify",
+    "verify_pack",
+    is_flag=True,
+    help="Once healthy, run `sparkctl verify --quick` on the pack against this server (exit 1 on a failure).",
+)
 @json_option
 def up_cmd(
     recipe: str,
@@ -165,6 +171,7 @@ def up_cmd(
     no_auth: bool,
     persist: bool,
     build: bool,
+    verify_pack: bool,
     as_json: bool,
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
@@ -213,13 +220,23 @@ def up_cmd(
     if result.dry_run:
         _print_dry_run(result, as_json)
         return
+    verified = None
+    if verify_pack and result.cluster is None:
+        from sparkctl.commands import verify as verify_cmd
+
+        verified = verify_cmd.verify_served(result)
     if as_json:
-        output.json(result.to_json())
+        output.json({**result.to_json(), **({"verification": verified.summary()} if verified else {})})
+        if verified is not None:
+            verify_cmd.exit_on_failure(verified)
         return
     if result.cluster is not None:
         _print_cluster_summary(result)
         return
     _print_summary(result)
+    if verified is not None:
+        verify_cmd.render(verified, as_json=False)
+        verify_cmd.exit_on_failure(verified)
 
 
 def _print_cluster_summary(result: Any) -> None:
