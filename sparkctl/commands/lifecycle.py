@@ -20,7 +20,7 @@ import click
 
 from sparkctl.commands import output
 from sparkctl.commands.options import json_option, port_option, runtime_option, set_option
-from sparkctl.errors import RuntimeFailure
+from sparkctl.errors import RuntimeFailure, UserError
 
 
 class RichReporter:
@@ -134,9 +134,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 )
 @click.option(
     "--api-key",
-    metavar="KEY|generate",
+    metavar="generate|-",
     default=None,
-    help="The key clients must send (Bearer); `generate` makes one, stores it 0600 and prints it once.",
+    envvar="SPARKCTL_API_KEY",
+    help="The key clients must send (Bearer): `generate` makes one, stores it 0600 and prints it once; `-` "
+    "reads it from stdin; or set SPARKCTL_API_KEY. Never the key itself here: `ps` shows it to every user.",
 )
 @click.option("--no-auth", is_flag=True, help="Allow serving a non-loopback address without an API key.")
 @click.option(
@@ -179,6 +181,7 @@ def up_cmd(
 
     if expose:
         sets = (*sets, "serve.host=0.0.0.0")
+    api_key = _api_key_input(api_key)
     opts = UpOptions(
         recipe=recipe,
         overrides=Overrides(sets=sets, port=port, runtime=runtime),
@@ -220,6 +223,31 @@ def up_cmd(
         _print_cluster_summary(result)
         return
     _print_summary(result)
+
+
+def _api_key_input(value: str | None) -> str | None:
+    """The key from SPARKCTL_API_KEY or stdin (`--api-key -`), `generate`, or None.
+
+    A key written on the command line is refused: a process's argv is readable by every local user
+    (`ps`, /proc/PID/cmdline) for as long as `up` runs, which is minutes for a big model.
+    """
+    if value is None:
+        return None
+    if value == "-":
+        line = click.get_text_stream("stdin").readline(4096).strip()
+        if not line:
+            raise UserError(
+                "--api-key -: stdin gave no key", hint='printf %s "$KEY" | sparkctl up ... --api-key -'
+            )
+        return line
+    source = click.get_current_context().get_parameter_source("api_key")
+    if value != "generate" and source is click.core.ParameterSource.COMMANDLINE:
+        raise UserError(
+            "--api-key KEY would put the key in this command line, which every local user can read (ps)",
+            hint="pass it in the environment (SPARKCTL_API_KEY=...), on stdin (--api-key -), or in "
+            "serve.api_key_file; --api-key generate makes one",
+        )
+    return value
 
 
 def _print_cluster_summary(result: Any) -> None:
