@@ -195,9 +195,10 @@ def _start(
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
     _check_port(plan)
     if key is not None:
+        from sparkctl.planner.keyed import with_key_file
         from sparkctl.server import auth
 
-        plan = dataclasses.replace(plan, api_key_file=str(auth.store(plan.recipe_name, plan.engine, key)))
+        plan = with_key_file(plan, str(auth.store(plan.recipe_name, plan.engine, key)))
     try:
         result = _launch(opts, recipe, plan, planned_with, rep, t_start, timings, runtime)
     except BaseException:
