@@ -1,0 +1,92 @@
+"""Which processes are a server that sparkctl started: proven, never taken from a state file on trust.
+
+A state file is only a claim (it can be stale, damaged or written by someone else), and a pid or a
+process group number alone is not an identity: pids are reused, and a forged record can name any
+process tree. So the native runtime puts a marker in the server's environment when it starts it
+(`SPARKCTL_SERVER=<nonce>:<recipe>`, inherited by the engine core and workers, readable only by their
+owner), records it, and every signal goes only to processes that carry that exact marker, started no
+earlier than the recorded leader, and are neither pid 1 nor this process or one of its ancestors.
+
+The marker also finds a server again when its state file is gone or damaged (`marked_servers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from dataclasses import dataclass
+
+import psutil
+
+MARKER_ENV = "SPARKCTL_SERVER"
+
+
+def new_marker(recipe: str) -> str:
+    """A marker no other server has: a random nonce, then the recipe name (for `status` without state)."""
+    return f"{secrets.token_hex(8)}:{recipe}"
+
+
+def recipe_of(marker: str) -> str:
+    return marker.partition(":")[2]
+
+
+def marker_of(proc: psutil.Process) -> str | None:
+    """The marker in a process's environment; None when it has none or it cannot be read (another
+    user's process: not ours either)."""
+    try:
+        return proc.environ().get(MARKER_ENV)
+    except (psutil.Error, OSError):
+        return None
+
+
+def protected_pids() -> frozenset[int]:
+    """Never signalled whatever a record says: pid 0/1, this process and every ancestor (a record naming
+    the shell that runs `sparkctl down` must not kill it)."""
+    pids = {0, 1, os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        pids.update(p.pid for p in psutil.Process().parents())
+    return frozenset(pids)
+
+
+def is_ours(proc: psutil.Process, marker: str | None) -> bool:
+    """True only when `proc` carries `marker` and is not protected."""
+    return bool(marker) and proc.pid not in protected_pids() and marker_of(proc) == marker
+
+
+@dataclass(frozen=True)
+class MarkedServer:
+    """A server found by its marker alone: its processes, the oldest first (the leader, when alive)."""
+
+    marker: str
+    recipe: str
+    processes: tuple[psutil.Process, ...]
+
+    @property
+    def leader(self) -> psutil.Process:
+        return self.processes[0]
+
+    def port(self) -> int | None:
+        """The `--port` the engine was started with, when its command line says."""
+        with contextlib.suppress(psutil.Error, ValueError, IndexError):
+            argv = self.leader.cmdline()
+            return int(argv[argv.index("--port") + 1])
+        return None
+
+
+def marked_servers() -> list[MarkedServer]:
+    """Every live server of this user that sparkctl started, found by marker (no state file needed)."""
+    protected = protected_pids()
+    found: dict[str, list[tuple[float, psutil.Process]]] = {}
+    for proc in psutil.process_iter(["pid", "create_time", "status"]):
+        if proc.pid in protected or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        marker = marker_of(proc)
+        if marker:
+            found.setdefault(marker, []).append((proc.info["create_time"] or 0.0, proc))
+    return [
+        MarkedServer(
+            marker, recipe_of(marker), tuple(p for _, p in sorted(procs, key=lambda t: (t[0], t[1].pid)))
+        )
+        for marker, procs in sorted(found.items())
+    ]
