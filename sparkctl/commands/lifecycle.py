@@ -412,6 +412,10 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
         if recipe:
             return
     rows = servers.status_rows(recipe)
+    for line in servers.damaged_records(recipe) + [
+        f"{r['recipe']}: {r['error']}" for r in rows if r["error"]
+    ]:
+        output.warn(line)
     if clusters and not rows:
         return
     if recipe and not rows:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from sparkctl.runtimes.base import ServerState
+
 MARKER_ENV = "SPARKCTL_SERVER"
 
 
@@ -90,3 +92,34 @@ def marked_servers() -> list[MarkedServer]:
         )
         for marker, procs in sorted(found.items())
     ]
+
+
+def recovered_state(server: MarkedServer) -> ServerState:
+    """A record for a server found by its marker alone (its state file gone or damaged), enough for
+    `status` to show it and `down` to stop it: the native runtime proves it again before any signal."""
+    from sparkctl.runtimes.state import log_path
+
+    leader = server.leader
+    port = server.port() or 0
+    try:
+        started = leader.create_time()
+        argv = leader.cmdline()
+    except psutil.Error:
+        started, argv = 0.0, []
+    host = "127.0.0.1"
+    if "--host" in argv[:-1]:
+        host = argv[argv.index("--host") + 1]
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url_host = f"[{host}]" if ":" in host else host
+    return ServerState(
+        recipe=server.recipe,
+        runtime="native",
+        recipe_hash="",
+        base_url=f"http://{url_host}:{port}",
+        port=port,
+        served_model_name=server.recipe,
+        started_at=started,
+        log_path=str(log_path(server.recipe)),
+        pid=leader.pid,
+        extra={"marker": server.marker, "create_time": repr(started), "recovered": "marker"},
+    )
