@@ -370,10 +370,8 @@ def _launch(
             rep.step("persist", f"systemd user unit {unit} (enabled: starts at login or, with linger, boot)")
         return result
     except BaseException:
-        if steward is not None:
-            with contextlib.suppress(Exception):
-                steward.stop(verify=False)
-        if server is not None and not _cleanup(runtime, server):
+        if not _clean_up_after(runtime, server, steward):
+            assert server is not None
             rep.warn(
                 f"could not stop {_where(server)} (its runtime does not answer): its state is kept, "
                 f"`sparkctl down {plan.recipe_name}` stops it once it does"
@@ -692,11 +690,56 @@ def _last_lines(runtime: Runtime, server: ServerState, n: int) -> list[str]:
         return []
 
 
-def _cleanup(runtime: Runtime, server: ServerState) -> bool:
+class _Hurry(BaseException):
+    """A second Ctrl-C (or SIGTERM) during the clean-up of a failed `up`: finish it now, with SIGKILL."""
+
+
+@contextlib.contextmanager
+def _on_interrupt(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` for the duration (main thread only: signals land there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in held}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _clean_up_after(runtime: Runtime, server: ServerState | None, steward: Any) -> bool:
+    """The clean-up of a failed or interrupted `up`; False when the server could not be stopped.
+
+    The user who presses Ctrl-C again while it waits for the server to exit wants it done sooner, not
+    skipped: the second one cuts the grace period short (SIGKILL), and any further one is ignored until
+    the server is gone and forgotten.
+    """
+
+    def hurry(signum: int, frame: Any) -> None:
+        raise _Hurry
+
+    try:
+        with _on_interrupt(hurry):
+            if steward is not None:
+                with contextlib.suppress(Exception):
+                    steward.stop(verify=False)
+            return server is None or _cleanup(runtime, server)
+    except _Hurry:
+        pass
+    with _on_interrupt(lambda signum, frame: None):
+        return server is None or _cleanup(runtime, server, timeout_s=0.0)
+
+
+def _cleanup(runtime: Runtime, server: ServerState, timeout_s: float = 15.0) -> bool:
     """Stop and forget a server whose `up` failed; errors here must not hide the original one. One that
     could not be stopped (its Docker daemon gone) keeps its state file, so `down` can finish the job."""
     try:
-        runtime.stop(server, timeout_s=15.0)
+        runtime.stop(server, timeout_s=timeout_s)
     except Exception:
         return False
     state_files.remove(server.recipe)
