@@ -145,6 +145,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     local = _already_local(recipe)
     plan = _plan(recipe, local, opts)
     key = _api_key(recipe, plan, opts)
+    _warn_if_open(plan, key, rep)
     across = opts.nodes is not None or (recipe.cluster.nodes > 1 and bool(recipe.cluster.hosts))
     unit = None
     if opts.persist and plan.runtime == "native" and not across:
@@ -234,6 +235,17 @@ def _api_key(recipe: Any, plan: Plan, opts: UpOptions) -> str | None:
             "serve.api_key_file, or --no-auth to serve it open anyway",
         )
     return key
+
+
+def _warn_if_open(plan: Plan, key: str | None, rep: Reporter) -> None:
+    """`--no-auth` on a non-loopback address is allowed, never quiet: said first, in capitals."""
+    from sparkctl.server import auth
+
+    if key is None and auth.key_of(plan.api_key_file) is None and not auth.is_loopback(plan.host):
+        rep.warn(
+            f"OPEN TO THE NETWORK: {plan.recipe_name} will listen on {plan.host}:{plan.port} with NO API key "
+            "(--no-auth): anyone who can reach this machine can use it and read what it generates"
+        )
 
 
 def _launch(

@@ -238,3 +238,11 @@ def test_a_key_given_by_env_or_stdin_is_in_no_processs_argv_while_up_runs(tmp_pa
     finally:
         proc.kill() if proc.poll() is None else None
         _sparkctl(tmp_path, "down", "quiet")
+
+
+def test_expose_without_auth_is_said_loudly(tmp_path: Path) -> None:
+    res = _sparkctl(tmp_path, "up", str(_recipe(tmp_path, "open")), "--dry-run", "--expose", "--no-auth")
+    assert res.returncode == 0, res.stderr
+    assert "OPEN TO THE NETWORK" in res.stderr and "NO API key" in res.stderr
+    quiet = _sparkctl(tmp_path, "up", str(_recipe(tmp_path, "open")), "--dry-run", "--no-auth")
+    assert "OPEN TO THE NETWORK" not in quiet.stderr  # loopback: nothing to shout about
