@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import fields
@@ -22,8 +21,6 @@ from sparkctl.atomic import write_atomic
 from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.runtimes.base import ServerState
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
 
 def servers_dir() -> Path:
     return paths.state_dir() / "servers"
@@ -31,8 +28,7 @@ def servers_dir() -> Path:
 
 def state_path(recipe: str) -> Path:
     """Recipe names are file names already; anything else (a path-like name) is flattened safely."""
-    name = _SAFE.sub("_", recipe).strip("._") or "recipe"
-    return servers_dir() / f"{name}.json"
+    return servers_dir() / f"{paths.file_stem(recipe)}.json"
 
 
 def log_path(recipe: str) -> Path:
