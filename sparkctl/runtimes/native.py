@@ -143,12 +143,15 @@ class NativeRuntime:
         memory the server held that outlived it (shm.py). Idempotent."""
         members = self._members(state)
         segments = held_segments(members)
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        signalled: set[int] = set()
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0), (signal.SIGKILL, 5.0)):
             if not members:
                 break
-            self._signal(members, sig)
-            self._wait_gone(state, members, wait_s)
-            members = self._members(state)  # again: also what forked between the look and the signal
+            self._signal(state, members, sig)
+            signalled.update(p.pid for p in members)
+            left = self._wait_gone(state, members, wait_s)
+            # and what was forked between the look and the signal (a new worker), proven ours like the rest
+            members = left + [p for p in self._members(state) if p.pid not in signalled and _is_live(p)]
         self._reap(state)
         if members:
             names = ", ".join(f"{p.pid}" for p in members)
@@ -240,7 +243,8 @@ class NativeRuntime:
             try:
                 if proc.pid in protected or proc.info["status"] == psutil.STATUS_ZOMBIE:
                     continue
-                if proc.info["create_time"] >= not_before and is_ours(proc, marker):
+                created = proc.info["create_time"]  # None where psutil could not read it
+                if created is not None and created >= not_before and is_ours(proc, marker):
                     found.append(proc)
             except (OSError, psutil.Error):
                 continue
@@ -248,9 +252,16 @@ class NativeRuntime:
             found.append(leader)
         return found
 
-    def _signal(self, members: list[psutil.Process], sig: signal.Signals) -> None:
-        """Each proven member by itself, never a process group: a group number from a record could be
-        anyone's (psutil's send_signal checks the pid still is the process it listed)."""
+    def _signal(self, state: ServerState, members: list[psutil.Process], sig: signal.Signals) -> None:
+        """The leader's own process group when the leader is proven ours and leads it (that reaches a
+        worker forked a moment ago too), and each proven member by itself. Never a group number taken
+        from a record: that could be anyone's. psutil's send_signal checks the pid is still the process
+        it listed."""
+        leader = self._leader(state)
+        if leader is not None:
+            with contextlib.suppress(OSError):
+                if os.getpgid(leader.pid) == leader.pid:
+                    os.killpg(leader.pid, sig)
         for p in members:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
