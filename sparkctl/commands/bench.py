@@ -216,6 +216,8 @@ def run_cmd(**kw: Any) -> None:
     rec = outcome.record
     if not has_data(rec) and outcome.stopped_by is not None:  # nothing measured: the error says it all
         if isinstance(outcome.stopped_by, KeyboardInterrupt):
+            started = " (and stopped the server it had started)" if opts.up or opts.sweep else ""
+            err.print(f"[yellow]![/] interrupted before anything was measured{started}")
             sys.exit(130)
         raise outcome.stopped_by
     paths = [outcome.json_path]
