@@ -100,3 +100,40 @@ def test_the_key_is_in_no_argv_and_sparkctls_own_calls_still_work(keyed_tiny: tu
     assert status.returncode == 0 and json.loads(status.stdout)[0]["health"] == "healthy", status.stdout
     chat = run_in_env(env, "chat", "tiny", "-m", "hi", "--max-tokens", "2", timeout=120)
     assert chat.returncode == 0, chat.stderr
+
+
+# llama-server lists no OpenAPI document: its routes as registered by the pinned build (tools/server)
+LLAMA_ROUTES = [
+    "/", "/props", "/models", "/v1/models", "/api/tags", "/api/show", "/slots", "/metrics", "/completion",
+    "/completions", "/v1/completions", "/chat/completions", "/v1/chat/completions", "/v1/messages",
+    "/v1/messages/count_tokens", "/infill", "/embedding", "/embeddings", "/v1/embeddings", "/rerank",
+    "/reranking", "/v1/rerank", "/tokenize", "/detokenize", "/apply-template", "/lora-adapters", "/slots/0",
+]  # fmt: skip
+
+
+def test_every_llama_server_route_refuses_a_request_without_the_key(tmp_path: Path) -> None:
+    import shutil
+
+    from sparkctl.planner import engine_bins
+
+    if shutil.which(engine_bins.llama_server_command("cpu")) is None:
+        pytest.skip("the pinned llama-server is not built (make llama-server)")
+    env = sparkctl_env(tmp_path, SPARKCTL_API_KEY=KEY)
+    port = free_port()
+    try:
+        up = run_in_env(env, "up", "tiny-gguf", "--port", str(port), timeout=300)
+        assert up.returncode == 0, up.stderr
+        open_ = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for path in LLAMA_ROUTES:
+                for method in ("GET", "POST"):
+                    body = {"prompt": "hi", "content": "hi", "messages": [{"role": "user", "content": "hi"}]}
+                    resp = http.request(method, path, json=body)
+                    if resp.status_code not in (401, 404, 405):  # 404/405: no such route or method
+                        open_.append(f"{method} {path} -> {resp.status_code}")
+            assert open_ == []
+            assert http.get("/health").status_code == 200
+            auth = {"Authorization": f"Bearer {KEY}"}
+            assert http.get("/v1/models", headers=auth).status_code == 200
+    finally:
+        run_in_env(env, "down", "--all", timeout=120)
