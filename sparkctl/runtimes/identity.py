@@ -3,11 +3,13 @@
 A state file is only a claim (it can be stale, damaged or written by someone else), and a pid or a
 process group number alone is not an identity: pids are reused, and a forged record can name any
 process tree. So the native runtime puts a marker in the server's environment when it starts it
-(`SPARKCTL_SERVER=<nonce>:<recipe>`, inherited by the engine core and workers, readable only by their
+(`SPARKCTL_SERVER=<nonce>:<state dir tag>:<recipe>`, inherited by the engine core and workers, readable only by their
 owner), records it, and every signal goes only to processes that carry that exact marker, started no
 earlier than the recorded leader, and are neither pid 1 nor this process or one of its ancestors.
 
-The marker also finds a server again when its state file is gone or damaged (`marked_servers`).
+The marker also finds a server again when its state file is gone or damaged (`marked_servers`), only
+among the servers of this state directory: another sparkctl state (a test's, a second install) is not
+ours to list or stop.
 """
 
 from __future__ import annotations
@@ -24,13 +26,25 @@ from sparkctl.runtimes.base import ServerState
 MARKER_ENV = "SPARKCTL_SERVER"
 
 
+def state_tag() -> str:
+    """This state directory, as a short tag in the marker."""
+    import hashlib
+
+    from sparkctl import paths
+
+    return hashlib.sha256(str(paths.state_dir().resolve()).encode()).hexdigest()[:12]
+
+
 def new_marker(recipe: str) -> str:
-    """A marker no other server has: a random nonce, then the recipe name (for `status` without state)."""
-    return f"{secrets.token_hex(8)}:{recipe}"
+    """A marker no other server has: a random nonce, this state directory's tag, then the recipe name
+    (for `status` without state)."""
+    return f"{secrets.token_hex(8)}:{state_tag()}:{recipe}"
 
 
 def recipe_of(marker: str) -> str:
-    return marker.partition(":")[2]
+    return marker.split(":", 2)[-1]
+
+
 
 
 def marker_of(proc: psutil.Process) -> str | None:
@@ -79,12 +93,13 @@ class MarkedServer:
 def marked_servers() -> list[MarkedServer]:
     """Every live server of this user that sparkctl started, found by marker (no state file needed)."""
     protected = protected_pids()
+    tag = state_tag()
     found: dict[str, list[tuple[float, psutil.Process]]] = {}
     for proc in psutil.process_iter(["pid", "create_time", "status"]):
         if proc.pid in protected or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         marker = marker_of(proc)
-        if marker:
+        if marker and marker.split(":", 2)[1:2] == [tag]:
             found.setdefault(marker, []).append((proc.info["create_time"] or 0.0, proc))
     return [
         MarkedServer(

@@ -105,3 +105,22 @@ def test_a_bad_record_is_one_line_in_every_command(
     assert down.returncode == 0 and "set aside" in down.stdout, down.stdout + down.stderr
     assert gone(procs[0].pid)
     assert (path.parent / "hurt.json.damaged").read_text() == DAMAGE[damage]
+
+
+def test_another_state_directorys_servers_are_not_found_by_marker(
+    tmp_path: Path, running: tuple[Path, list[psutil.Process]]
+) -> None:
+    """The hole the marker scan opened: `down --all` of a second state (a test's, another install) killed
+    the servers of the first one. Markers carry their state directory."""
+    from sparkctl_proc import run_in_env, sparkctl_env
+
+    _, procs = running
+    (tmp_path / "state" / "servers" / "hurt.json").unlink()  # not even a record left in its own state
+    other = sparkctl_env(tmp_path / "other")
+    status = run_in_env(other, "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout) == [], status.stdout
+    down = run_in_env(other, "down", "--all")
+    assert down.returncode == 0 and "hurt" not in down.stdout + down.stderr
+    assert procs[0].is_running() and procs[0].status() != psutil.STATUS_ZOMBIE
+    assert run_sparkctl(tmp_path, "down", "--all").returncode == 0  # its own state still finds it
+    assert gone(procs[0].pid)
