@@ -45,8 +45,6 @@ def recipe_of(marker: str) -> str:
     return marker.split(":", 2)[-1]
 
 
-
-
 def marker_of(proc: psutil.Process) -> str | None:
     """The marker in a process's environment; None when it has none or it cannot be read (another
     user's process: not ours either)."""
