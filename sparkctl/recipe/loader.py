@@ -50,8 +50,11 @@ def builtin_names() -> list[str]:
 def find_builtin(name: str) -> Path | None:
     for d in recipe_dirs():
         candidate = d / f"{name}.yaml"
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:  # a name too long for a file name is no built-in's
+            continue
     return None
 
 
