@@ -187,6 +187,8 @@ def stop(st: ServerState, *, timeout_s: float = 30.0) -> str | None:
             note = (
                 f"its API server was gone; reaped {procs} orphaned engine process(es) and their shared memory"
             )
+        elif st.runtime == "native":  # a stale or foreign record: said, not reported as a stop
+            note = "nothing of it was running: no live process of ours matched its record, which is removed"
     rt.stop(st, timeout_s=timeout_s)
     state_files.remove(st.recipe)
     return note

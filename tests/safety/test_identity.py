@@ -78,6 +78,7 @@ def test_a_forged_record_gets_no_process_signalled(
     _forge(tmp_path, "forged", victim[0], **({"marker": marker} if marker else {"argv": "python serve"}))
     res = run_sparkctl(tmp_path, "down", "forged", "--timeout", "2")
     assert res.returncode == 0, res.stderr
+    assert "nothing of it was running" in res.stdout, res.stdout
     time.sleep(0.3)
     assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in victim)
     assert not (tmp_path / "state" / "servers" / "forged.json").exists()  # the claim is set aside
