@@ -89,8 +89,15 @@ def unrecorded(recipe: str | None = None) -> list[ServerState]:
     file was deleted, truncated or overwritten. A damaged record must never hide a running server."""
     from sparkctl.runtimes import identity
 
-    recorded = {s.extra.get("marker") for s in state_files.load_all()}
+    states = state_files.load_all()
+    recorded = {s.extra.get("marker") for s in states}
+    containers = {s.container_id for s in states} | {s.container_name for s in states}
     found = [identity.recovered_state(m) for m in identity.marked_servers() if m.marker not in recorded]
+    found += [
+        s
+        for s in identity.labelled_containers()
+        if s.container_id not in containers and s.container_name not in containers
+    ]
     if recipe is not None:
         names = {recipe, recipe_name(recipe)}
         found = [s for s in found if s.recipe in names]
@@ -119,7 +126,8 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
     for st in states:
         err: str | None = None
         if st.extra.get("recovered"):
-            err = "found by its process marker: its state file is missing or damaged"
+            by = "container labels" if st.extra["recovered"] == "label" else "process marker"
+            err = f"found by its {by}: its state file is missing or damaged"
         try:
             rt = get_runtime(st.runtime)
             running = rt.is_running(st)

@@ -24,6 +24,7 @@ import psutil
 from sparkctl.runtimes.base import ServerState
 
 MARKER_ENV = "SPARKCTL_SERVER"
+LABEL_STATE = "io.sparkctl.state"  # a container's state directory tag (the docker runtime's marker)
 
 
 def state_tag() -> str:
@@ -136,3 +137,56 @@ def recovered_state(server: MarkedServer) -> ServerState:
         pid=leader.pid,
         extra={"marker": server.marker, "create_time": repr(started), "recovered": "marker"},
     )
+
+
+def labelled_containers() -> list[ServerState]:
+    """Records for the containers this state directory started, found by their labels (no state file
+    needed); [] when no Docker daemon answers (a machine without Docker has none of ours)."""
+    import os
+
+    from sparkctl.errors import RuntimeFailure
+    from sparkctl.planner.container import LABEL_MANAGED, LABEL_PORT, LABEL_RECIPE
+    from sparkctl.runtimes.docker import connect, docker_host
+    from sparkctl.runtimes.state import log_path
+
+    host = docker_host()
+    if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
+        return []  # no daemon here: not even a connection attempt
+    try:
+        client = connect(timeout_s=5)
+    except RuntimeFailure:
+        return []
+    out: list[ServerState] = []
+    try:
+        found = client.containers.list(
+            all=True, filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_STATE}={state_tag()}"]}
+        )
+        for c in found:
+            labels = c.labels or {}
+            recipe = labels.get(LABEL_RECIPE)
+            if not recipe:
+                continue
+            try:
+                port = int(labels.get(LABEL_PORT) or 0)
+            except ValueError:
+                port = 0
+            out.append(
+                ServerState(
+                    recipe=recipe,
+                    runtime="docker",
+                    recipe_hash="",
+                    base_url=f"http://127.0.0.1:{port}",
+                    port=port,
+                    served_model_name=recipe,
+                    started_at=0.0,
+                    log_path=str(log_path(recipe)),
+                    container_id=c.id,
+                    container_name=c.name,
+                    extra={"recovered": "label"},
+                )
+            )
+    except Exception:  # a daemon that stops answering mid-list: what was found so far
+        pass
+    finally:
+        client.close()
+    return out
