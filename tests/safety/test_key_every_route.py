@@ -100,6 +100,11 @@ def test_the_key_is_in_no_argv_and_sparkctls_own_calls_still_work(keyed_tiny: tu
     assert status.returncode == 0 and json.loads(status.stdout)[0]["health"] == "healthy", status.stdout
     chat = run_in_env(env, "chat", "tiny", "-m", "hi", "--max-tokens", "2", timeout=120)
     assert chat.returncode == 0, chat.stderr
+    state = Path(env["SPARKCTL_STATE_DIR"])
+    log = (state / "logs" / "tiny.log").read_text()
+    assert "--middleware sparkctl.server.keygate.KeyGate" in log and KEY not in log  # vLLM's own log too
+    files = [p for p in state.rglob("*") if p.is_file() and p.parent.name != "keys"]
+    assert files and not [p for p in files if KEY in p.read_text(errors="replace")]
 
 
 # llama-server lists no OpenAPI document: its routes as registered by the pinned build (tools/server)
