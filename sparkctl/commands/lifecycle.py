@@ -440,15 +440,15 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     }
     for r in rows:
         mem = r["memory_bytes"]
-        table.add_row(
-            r["recipe"],
-            r["runtime"],
+        table.add_row(  # a record is a file anyone of this user could have written: shown escaped
+            output.cell(r["recipe"]),
+            output.cell(r["runtime"]),
             str(r["port"]),
             _age(r["started_at"]),
             f"[{colour[r['health']]}]{r['health']}[/]",
             "-" if mem is None else f"{mem / (1 << 30):.2f} GiB",
-            r["container"] or str(r["pid"] or "-"),
-            f"{r['base_url']}/v1",
+            output.cell(r["container"] or str(r["pid"] or "-")),
+            output.cell(f"{r['base_url']}/v1"),
         )
     output.table(table)
 

@@ -124,3 +124,28 @@ def test_another_state_directorys_servers_are_not_found_by_marker(
     assert procs[0].is_running() and procs[0].status() != psutil.STATUS_ZOMBIE
     assert run_sparkctl(tmp_path, "down", "--all").returncode == 0  # its own state still finds it
     assert gone(procs[0].pid)
+
+
+def test_a_forged_record_cannot_restyle_or_rewrite_the_terminal(tmp_path: Path) -> None:
+    """Values from a record (or a file name in the state directory) are shown escaped in `status`."""
+    servers = tmp_path / "state" / "servers"
+    servers.mkdir(parents=True)
+    evil = "\x1b[2J\x1b]0;pwned\x07evil[bold red]x"
+    record = {
+        "recipe": evil,
+        "runtime": "native",
+        "recipe_hash": "",
+        "base_url": "http://127.0.0.1:1\r",
+        "port": 1,
+        "served_model_name": "m",
+        "started_at": 0,
+        "pid": None,
+        "extra": {},
+    }
+    (servers / "forged.json").write_text(json.dumps(record))
+    (servers / "bad\x1b[31m.json").write_text("{")
+    res = run_sparkctl(tmp_path, "status")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout + res.stderr
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out, repr(out)
+    assert "evil[bold red]x" in res.stdout  # markup shown as text, not obeyed
