@@ -286,4 +286,11 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
             if not all_:
                 raise
             done.append(Stopped(key, error=exc))
+    if all_:  # what no recipe name reaches (a file name that is no recipe's): set aside, not kept forever
+        for path, problem in state_files.damaged():
+            aside = state_files.set_aside(path)
+            if aside is not None:
+                done.append(
+                    Stopped(path.stem, note=f"its state file was damaged ({problem}): set aside as {aside}")
+                )
     return done

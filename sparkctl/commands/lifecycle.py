@@ -388,9 +388,11 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     failures = [r for r in results if r.error is not None]
     for r in results:
         if r.error is not None:
-            output.text(f"error: {r.recipe}: {r.error}", err=True)
+            output.text(f"error: {output.shown(r.recipe)}: {output.shown(r.error, 600)}", err=True)
         else:
-            output.text(f"stopped {r.recipe}" + (f" ({r.note})" if r.note else ""))
+            output.text(
+                f"stopped {output.shown(r.recipe)}" + (f" ({output.shown(r.note, 600)})" if r.note else "")
+            )
     if failures:
         raise RuntimeFailure(f"{len(failures)} of {len(results)} server(s) could not be stopped (see above)")
 

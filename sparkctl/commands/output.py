@@ -48,8 +48,13 @@ def cell(value: Any, limit: int = 80) -> str:
     forged record cannot restyle or rewrite the terminal."""
     from rich.markup import escape
 
+    return escape(shown(value, limit))
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """Plain-text `cell`: control characters shown escaped, cut to `limit` characters (no markup to escape)."""
     raw = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in str(value))
-    return escape(raw if len(raw) <= limit else raw[: limit - 1] + "…")
+    return raw if len(raw) <= limit else raw[: limit - 1] + "…"
 
 
 def table(tbl: Any) -> None:

@@ -82,8 +82,17 @@ def shape_problem(data: object) -> str | None:
     return None
 
 
-def _from_dict(data: object, source: Path) -> ServerState:
+def _problem(data: object, source: Path) -> str | None:
+    """shape_problem, and a record kept under another recipe's file name (it would never be found by name,
+    so never removed by `down`)."""
     problem = shape_problem(data)
+    if problem is None and isinstance(data, dict) and state_path(data["recipe"]).name != source.name:
+        problem = f"it names recipe {str(data['recipe'])[:60]!r}, not the one of its file name"
+    return problem
+
+
+def _from_dict(data: object, source: Path) -> ServerState:
+    problem = _problem(data, source)
     if problem is not None:
         raise RuntimeFailure(
             f"state file {source} is not a sparkctl server record ({problem})",
@@ -139,7 +148,7 @@ def damaged() -> list[tuple[Path, str]]:
         return out
     for path in sorted(directory.glob("*.json")):
         try:
-            problem = shape_problem(json.loads(path.read_text(encoding="utf-8")))
+            problem = _problem(json.loads(path.read_text(encoding="utf-8")), path)
         except (OSError, ValueError, RecursionError) as exc:
             problem = f"unreadable: {str(exc)[:80]}"
         if problem is not None:
@@ -147,9 +156,10 @@ def damaged() -> list[tuple[Path, str]]:
     return out
 
 
-def set_aside(recipe: str) -> Path | None:
-    """Move a damaged state file of `recipe` out of the way (kept as `<name>.json.damaged` to look at)."""
-    path = state_path(recipe)
+def set_aside(recipe: str | Path) -> Path | None:
+    """Move a damaged state file (of a recipe, or at a path) out of the way, kept as `<name>.json.damaged`
+    to look at."""
+    path = recipe if isinstance(recipe, Path) else state_path(recipe)
     target = path.with_name(path.name + ".damaged")
     try:
         path.replace(target)

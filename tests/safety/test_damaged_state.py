@@ -142,10 +142,17 @@ def test_a_forged_record_cannot_restyle_or_rewrite_the_terminal(tmp_path: Path) 
         "pid": None,
         "extra": {},
     }
-    (servers / "forged.json").write_text(json.dumps(record))
+    from sparkctl.paths import file_stem
+
+    (servers / f"{file_stem(evil)}.json").write_text(json.dumps(record))
     (servers / "bad\x1b[31m.json").write_text("{")
     res = run_sparkctl(tmp_path, "status")
     assert res.returncode == 0, res.stderr
     out = res.stdout + res.stderr
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out, repr(out)
     assert "evil[bold red]x" in res.stdout  # markup shown as text, not obeyed
+    down = run_sparkctl(tmp_path, "down", "--all")
+    assert down.returncode == 0, down.stderr
+    assert "\x1b" not in down.stdout + down.stderr and "stopped \\x1b[2J" in down.stdout, repr(down.stdout)
+    assert "bad\\x1b[31m (its state file was damaged" in down.stdout, repr(down.stdout)
+    assert sorted(p.name for p in servers.iterdir()) == ["bad\x1b[31m.json.damaged"]
