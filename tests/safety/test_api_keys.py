@@ -246,3 +246,29 @@ def test_expose_without_auth_is_said_loudly(tmp_path: Path) -> None:
     assert "OPEN TO THE NETWORK" in res.stderr and "NO API key" in res.stderr
     quiet = _sparkctl(tmp_path, "up", str(_recipe(tmp_path, "open")), "--dry-run", "--no-auth")
     assert "OPEN TO THE NETWORK" not in quiet.stderr  # loopback: nothing to shout about
+
+
+def test_bench_warns_about_a_key_on_its_command_line_and_reads_one_from_stdin(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: bench stops at its first request
+    key = "sk-bench-" + "B" * 24
+    argv = _sparkctl(tmp_path, "bench", "run", "--url", url, "--model", "m", "--api-key", key, "--no-html")
+    assert "visible to every local user" in argv.stderr and key not in argv.stdout + argv.stderr
+    env_given = run_sparkctl(
+        tmp_path, "bench", "run", "--url", url, "--model", "m", "--no-html", OPENAI_API_KEY=key
+    )
+    assert "visible to every local user" not in env_given.stderr
+    from sparkctl_proc import sparkctl_env
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "sparkctl", "bench", "run", "--url", url, "--model", "m", "--api-key", "-"],
+        input=key + "\n",
+        env=sparkctl_env(tmp_path),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert "visible to every local user" not in piped.stderr and "stdin gave no key" not in piped.stderr
+    assert piped.returncode == argv.returncode != 0, (
+        piped.stderr
+    )  # the same connection error, not a key error
