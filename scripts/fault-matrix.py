@@ -33,6 +33,11 @@ AREAS = {
     "test_docker_safety": "docker runtime",
     "test_persist_native": "persist (systemd)",
     "test_ctrl_c_stages": "Ctrl-C",
+    "test_double_ctrl_c": "Ctrl-C",
+    "test_bench_up_interrupt": "Ctrl-C",
+    "test_key_every_route": "API keys",
+    "test_identity": "process identity",
+    "test_damaged_state": "damaged state",
 }
 
 

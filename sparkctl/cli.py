@@ -59,14 +59,28 @@ def cli() -> None:
     """Serve large quantized language models on a DGX Spark with one command."""
 
 
+_LINE_MAX = 400  # characters of one message line: a 5,000-character value is cut, not echoed whole
+
+
 def _printable(message: str) -> str:
     """A message that may quote user text, kept to its own lines: a carriage return, a vertical tab or an
     escape sequence in a key or a value is shown escaped, not obeyed by the terminal. Newlines stay (a
-    message lists further problems on indented lines)."""
-    return "\n".join(
-        "".join(ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode() for ch in line)
-        for line in message.split("\n")
+    message lists further problems on indented lines); a line longer than _LINE_MAX keeps its start and
+    end around a count of what was cut."""
+    return "\n".join(_cut(_escaped(line)) for line in message.split("\n"))
+
+
+def _escaped(line: str) -> str:
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode() for ch in line
     )
+
+
+def _cut(line: str) -> str:
+    if len(line) <= _LINE_MAX:
+        return line
+    keep = _LINE_MAX // 2 - 20
+    return f"{line[:keep]}...<{len(line) - 2 * keep:,} characters>...{line[-keep:]}"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,4 +40,16 @@ def logs_dir() -> Path:
 def api_key_file(recipe: str) -> Path:
     """The env file (`VLLM_API_KEY=...`, mode 0600) that hands a recipe's API key to its engine: never on a
     command line, in a log or in a rendered file, which only name this path."""
-    return state_dir() / "keys" / f"{recipe}.env"
+    return state_dir() / "keys" / f"{file_stem(recipe)}.env"
+
+
+def file_stem(recipe: str) -> str:
+    """A recipe name as a file name: characters a file name cannot hold flattened, and a name past what a
+    filesystem takes (NAME_MAX is 255 bytes) cut, with a hash of the whole name so two long names differ."""
+    import hashlib
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", recipe).strip("._") or "recipe"
+    if len(name) > 120:
+        name = f"{name[:100]}-{hashlib.sha256(recipe.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+    return name

@@ -84,17 +84,50 @@ def chat_target(recipe: str | None) -> ServerState:
     return st
 
 
-def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
-    """One record per recorded server, with a live health probe and its memory in use."""
-    from sparkctl.server.client import probe_health
+def unrecorded(recipe: str | None = None) -> list[ServerState]:
+    """Servers sparkctl started (found by their process marker) that no readable state file records: the
+    file was deleted, truncated or overwritten. A damaged record must never hide a running server."""
+    from sparkctl.runtimes import identity
 
     states = state_files.load_all()
+    recorded = {s.extra.get("marker") for s in states}
+    containers = {s.container_id for s in states} | {s.container_name for s in states}
+    found = [identity.recovered_state(m) for m in identity.marked_servers() if m.marker not in recorded]
+    found += [
+        s
+        for s in identity.labelled_containers()
+        if s.container_id not in containers and s.container_name not in containers
+    ]
+    if recipe is not None:
+        names = {recipe, recipe_name(recipe)}
+        found = [s for s in found if s.recipe in names]
+    return found
+
+
+def damaged_records(recipe: str | None = None) -> list[str]:
+    """One line per state file that is not a server record (what `status` says about it)."""
+    out = []
+    for path, problem in state_files.damaged():
+        if recipe is None or path.stem in {recipe, recipe_name(recipe)}:
+            out.append(f"state file {path} is damaged ({problem}); `sparkctl down {path.stem}` sets it aside")
+    return out
+
+
+def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
+    """One record per recorded server, with a live health probe and its memory in use; servers found by
+    their marker alone (state file gone or damaged) too, with an `error` that says so."""
+    from sparkctl.server.client import probe_health
+
+    states = state_files.load_all() + unrecorded()
     if recipe is not None:
         names = {recipe, recipe_name(recipe)}
         states = [s for s in states if s.recipe in names]
     rows: list[dict[str, Any]] = []
     for st in states:
         err: str | None = None
+        if st.extra.get("recovered"):
+            by = "container labels" if st.extra["recovered"] == "label" else "process marker"
+            err = f"found by its {by}: its state file is missing or damaged"
         try:
             rt = get_runtime(st.runtime)
             running = rt.is_running(st)
@@ -162,6 +195,8 @@ def stop(st: ServerState, *, timeout_s: float = 30.0) -> str | None:
             note = (
                 f"its API server was gone; reaped {procs} orphaned engine process(es) and their shared memory"
             )
+        elif st.runtime == "native":  # a stale or foreign record: said, not reported as a stop
+            note = "nothing of it was running: no live process of ours matched its record, which is removed"
     rt.stop(st, timeout_s=timeout_s)
     state_files.remove(st.recipe)
     return note
@@ -200,6 +235,8 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
     if all_:
         names = sorted(
             {s.recipe for s in state_files.load_all()}
+            | {s.recipe for s in unrecorded()}
+            | {path.stem for path, _ in state_files.damaged()}
             | set(state_files.locked_recipes())
             | set(systemd.persisted_recipes())
         )
@@ -212,15 +249,30 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
         key = recipe_name(name)
         try:
             with state_files.stopping(key, wait_s=timeout_s + 30.0) as interrupted:
-                found = find_state(name)
+                damaged = None
+                try:
+                    found = find_state(name)
+                except RuntimeFailure as exc:  # the record is not trusted; the server is found by marker
+                    found, damaged = None, exc
+                    aside = state_files.set_aside(key)
+                extra = [
+                    s
+                    for s in unrecorded(key)
+                    if found is None or s.extra.get("marker") != found.extra.get("marker")
+                ]
                 unit = systemd.remove(key)  # `up --persist` of a native recipe: not at the next boot either
-                if found is None and interrupted is None and not unit:
+                if found is None and not extra and interrupted is None and not unit and damaged is None:
                     if not all_:
                         known_recipe(name)  # a typo must not read as "stopped"
                     continue
                 note = None
                 if found is not None:
                     note = stop(found, timeout_s=timeout_s)
+                for st in extra:
+                    get_runtime(st.runtime).stop(st, timeout_s=timeout_s)
+                    note = "found by its process marker" + (f"; {note}" if note else "")
+                if damaged is not None:
+                    note = f"its state file was damaged: set aside as {aside}" + (f"; {note}" if note else "")
                 if unit:
                     note = f"removed its systemd unit {systemd.unit_path(key)}" + (
                         f"; {note}" if note else ""
@@ -234,4 +286,11 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
             if not all_:
                 raise
             done.append(Stopped(key, error=exc))
+    if all_:  # what no recipe name reaches (a file name that is no recipe's): set aside, not kept forever
+        for path, problem in state_files.damaged():
+            aside = state_files.set_aside(path)
+            if aside is not None:
+                done.append(
+                    Stopped(path.stem, note=f"its state file was damaged ({problem}): set aside as {aside}")
+                )
     return done

@@ -145,6 +145,7 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     local = _already_local(recipe)
     plan = _plan(recipe, local, opts)
     key = _api_key(recipe, plan, opts)
+    _warn_if_open(plan, key, rep)
     across = opts.nodes is not None or (recipe.cluster.nodes > 1 and bool(recipe.cluster.hosts))
     unit = None
     if opts.persist and plan.runtime == "native" and not across:
@@ -195,9 +196,10 @@ def _start(
         return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
     _check_port(plan)
     if key is not None:
+        from sparkctl.planner.keyed import with_key_file
         from sparkctl.server import auth
 
-        plan = dataclasses.replace(plan, api_key_file=str(auth.store(plan.recipe_name, plan.engine, key)))
+        plan = with_key_file(plan, str(auth.store(plan.recipe_name, plan.engine, key)))
     try:
         result = _launch(opts, recipe, plan, planned_with, rep, t_start, timings, runtime)
     except BaseException:
@@ -233,6 +235,17 @@ def _api_key(recipe: Any, plan: Plan, opts: UpOptions) -> str | None:
             "serve.api_key_file, or --no-auth to serve it open anyway",
         )
     return key
+
+
+def _warn_if_open(plan: Plan, key: str | None, rep: Reporter) -> None:
+    """`--no-auth` on a non-loopback address is allowed, never quiet: said first, in capitals."""
+    from sparkctl.server import auth
+
+    if key is None and auth.key_of(plan.api_key_file) is None and not auth.is_loopback(plan.host):
+        rep.warn(
+            f"OPEN TO THE NETWORK: {plan.recipe_name} will listen on {plan.host}:{plan.port} with NO API key "
+            "(--no-auth): anyone who can reach this machine can use it and read what it generates"
+        )
 
 
 def _launch(
@@ -369,10 +382,8 @@ def _launch(
             rep.step("persist", f"systemd user unit {unit} (enabled: starts at login or, with linger, boot)")
         return result
     except BaseException:
-        if steward is not None:
-            with contextlib.suppress(Exception):
-                steward.stop(verify=False)
-        if server is not None and not _cleanup(runtime, server):
+        if not _clean_up_after(runtime, server, steward):
+            assert server is not None
             rep.warn(
                 f"could not stop {_where(server)} (its runtime does not answer): its state is kept, "
                 f"`sparkctl down {plan.recipe_name}` stops it once it does"
@@ -691,11 +702,56 @@ def _last_lines(runtime: Runtime, server: ServerState, n: int) -> list[str]:
         return []
 
 
-def _cleanup(runtime: Runtime, server: ServerState) -> bool:
+class _Hurry(BaseException):
+    """A second Ctrl-C (or SIGTERM) during the clean-up of a failed `up`: finish it now, with SIGKILL."""
+
+
+@contextlib.contextmanager
+def _on_interrupt(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` for the duration (main thread only: signals land there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in held}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _clean_up_after(runtime: Runtime, server: ServerState | None, steward: Any) -> bool:
+    """The clean-up of a failed or interrupted `up`; False when the server could not be stopped.
+
+    The user who presses Ctrl-C again while it waits for the server to exit wants it done sooner, not
+    skipped: the second one cuts the grace period short (SIGKILL), and any further one is ignored until
+    the server is gone and forgotten.
+    """
+
+    def hurry(signum: int, frame: Any) -> None:
+        raise _Hurry
+
+    try:
+        with _on_interrupt(hurry):
+            if steward is not None:
+                with contextlib.suppress(Exception):
+                    steward.stop(verify=False)
+            return server is None or _cleanup(runtime, server)
+    except _Hurry:
+        pass
+    with _on_interrupt(lambda signum, frame: None):
+        return server is None or _cleanup(runtime, server, timeout_s=0.0)
+
+
+def _cleanup(runtime: Runtime, server: ServerState, timeout_s: float = 15.0) -> bool:
     """Stop and forget a server whose `up` failed; errors here must not hide the original one. One that
     could not be stopped (its Docker daemon gone) keeps its state file, so `down` can finish the job."""
     try:
-        runtime.stop(server, timeout_s=15.0)
+        runtime.stop(server, timeout_s=timeout_s)
     except Exception:
         return False
     state_files.remove(server.recipe)

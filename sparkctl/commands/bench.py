@@ -69,7 +69,10 @@ def bench_cmd() -> None:
 )
 @click.option("--model", help="Served model name (default: the recipe's, or the only one served).")
 @click.option(
-    "--api-key", envvar="OPENAI_API_KEY", help="Bearer key for servers that require one [env OPENAI_API_KEY]."
+    "--api-key",
+    envvar="OPENAI_API_KEY",
+    help="Bearer key for servers that require one: `-` reads it from stdin, or set OPENAI_API_KEY (a key "
+    "written here is visible to every local user in `ps`).",
 )
 @click.option(
     "--api",
@@ -145,6 +148,7 @@ def run_cmd(**kw: Any) -> None:
     from sparkctl.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, Config
 
     recipe = kw["recipe"]
+    kw["api_key"] = _api_key_input(kw["api_key"])
     if recipe and kw["url"]:
         raise UserError("give a RECIPE or --url, not both")
     if (kw["bring_up"] or kw["sweep"]) and not recipe:
@@ -216,6 +220,8 @@ def run_cmd(**kw: Any) -> None:
     rec = outcome.record
     if not has_data(rec) and outcome.stopped_by is not None:  # nothing measured: the error says it all
         if isinstance(outcome.stopped_by, KeyboardInterrupt):
+            started = " (and stopped the server it had started)" if opts.up or opts.sweep else ""
+            err.print(f"[yellow]![/] interrupted before anything was measured{started}")
             sys.exit(130)
         raise outcome.stopped_by
     paths = [outcome.json_path]
@@ -253,6 +259,22 @@ def run_cmd(**kw: Any) -> None:
         exc = outcome.stopped_by
         err.print(f"[yellow]partial results kept in {outcome.json_path}[/]")
         raise exc
+
+
+def _api_key_input(value: str | None) -> str | None:
+    """`-`: the key from stdin. A key written on the command line still works (it may be a remote
+    server's), but is said to be visible to every local user, as `docker login --password` does."""
+    if value == "-":
+        key = click.get_text_stream("stdin").readline(4096).strip()
+        if not key:
+            raise UserError("--api-key -: stdin gave no key")
+        return key
+    source = click.get_current_context().get_parameter_source("api_key")
+    if value and source is click.core.ParameterSource.COMMANDLINE:
+        output.warn(
+            "--api-key on the command line is visible to every local user (ps); set OPENAI_API_KEY or pass --api-key - (stdin)"
+        )
+    return value
 
 
 @bench_cmd.command("compare", short_help="Before -> after across bench records (or llama-benchy JSON).")

@@ -20,7 +20,7 @@ import click
 
 from sparkctl.commands import output
 from sparkctl.commands.options import json_option, port_option, runtime_option, set_option
-from sparkctl.errors import RuntimeFailure
+from sparkctl.errors import RuntimeFailure, UserError
 
 
 class RichReporter:
@@ -134,9 +134,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 )
 @click.option(
     "--api-key",
-    metavar="KEY|generate",
+    metavar="generate|-",
     default=None,
-    help="The key clients must send (Bearer); `generate` makes one, stores it 0600 and prints it once.",
+    envvar="SPARKCTL_API_KEY",
+    help="The key clients must send (Bearer): `generate` makes one, stores it 0600 and prints it once; `-` "
+    "reads it from stdin; or set SPARKCTL_API_KEY. Never the key itself here: `ps` shows it to every user.",
 )
 @click.option("--no-auth", is_flag=True, help="Allow serving a non-loopback address without an API key.")
 @click.option(
@@ -186,6 +188,7 @@ def up_cmd(
 
     if expose:
         sets = (*sets, "serve.host=0.0.0.0")
+    api_key = _api_key_input(api_key)
     opts = UpOptions(
         recipe=recipe,
         overrides=Overrides(sets=sets, port=port, runtime=runtime),
@@ -237,6 +240,31 @@ def up_cmd(
     if verified is not None:
         verify_cmd.render(verified, as_json=False)
         verify_cmd.exit_on_failure(verified)
+
+
+def _api_key_input(value: str | None) -> str | None:
+    """The key from SPARKCTL_API_KEY or stdin (`--api-key -`), `generate`, or None.
+
+    A key written on the command line is refused: a process's argv is readable by every local user
+    (`ps`, /proc/PID/cmdline) for as long as `up` runs, which is minutes for a big model.
+    """
+    if value is None:
+        return None
+    if value == "-":
+        line = click.get_text_stream("stdin").readline(4096).strip()
+        if not line:
+            raise UserError(
+                "--api-key -: stdin gave no key", hint='printf %s "$KEY" | sparkctl up ... --api-key -'
+            )
+        return line
+    source = click.get_current_context().get_parameter_source("api_key")
+    if value != "generate" and source is click.core.ParameterSource.COMMANDLINE:
+        raise UserError(
+            "--api-key KEY would put the key in this command line, which every local user can read (ps)",
+            hint="pass it in the environment (SPARKCTL_API_KEY=...), on stdin (--api-key -), or in "
+            "serve.api_key_file; --api-key generate makes one",
+        )
+    return value
 
 
 def _print_cluster_summary(result: Any) -> None:
@@ -377,9 +405,11 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     failures = [r for r in results if r.error is not None]
     for r in results:
         if r.error is not None:
-            output.text(f"error: {r.recipe}: {r.error}", err=True)
+            output.text(f"error: {output.shown(r.recipe)}: {output.shown(r.error, 600)}", err=True)
         else:
-            output.text(f"stopped {r.recipe}" + (f" ({r.note})" if r.note else ""))
+            output.text(
+                f"stopped {output.shown(r.recipe)}" + (f" ({output.shown(r.note, 600)})" if r.note else "")
+            )
     if failures:
         raise RuntimeFailure(f"{len(failures)} of {len(results)} server(s) could not be stopped (see above)")
 
@@ -401,6 +431,10 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
         if recipe:
             return
     rows = servers.status_rows(recipe)
+    for line in servers.damaged_records(recipe) + [
+        f"{r['recipe']}: {r['error']}" for r in rows if r["error"]
+    ]:
+        output.warn(line)
     if clusters and not rows:
         return
     if recipe and not rows:
@@ -425,15 +459,15 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
     }
     for r in rows:
         mem = r["memory_bytes"]
-        table.add_row(
-            r["recipe"],
-            r["runtime"],
+        table.add_row(  # a record is a file anyone of this user could have written: shown escaped
+            output.cell(r["recipe"]),
+            output.cell(r["runtime"]),
             str(r["port"]),
             _age(r["started_at"]),
             f"[{colour[r['health']]}]{r['health']}[/]",
             "-" if mem is None else f"{mem / (1 << 30):.2f} GiB",
-            r["container"] or str(r["pid"] or "-"),
-            f"{r['base_url']}/v1",
+            output.cell(r["container"] or str(r["pid"] or "-")),
+            output.cell(f"{r['base_url']}/v1"),
         )
     output.table(table)
 

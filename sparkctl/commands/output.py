@@ -42,6 +42,21 @@ def text(line: str = "", *, nl: bool = True, err: bool = False) -> None:
     click.echo(line, nl=nl, err=err)
 
 
+def cell(value: Any, limit: int = 80) -> str:
+    """A value for a table cell or a message that came from a file (a state record, a process's
+    environment): rich markup escaped, control characters shown escaped, cut to `limit` characters, so a
+    forged record cannot restyle or rewrite the terminal."""
+    from rich.markup import escape
+
+    return escape(shown(value, limit))
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """Plain-text `cell`: control characters shown escaped, cut to `limit` characters (no markup to escape)."""
+    raw = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in str(value))
+    return raw if len(raw) <= limit else raw[: limit - 1] + "…"
+
+
 def table(tbl: Any) -> None:
     """A rich Table on stdout; piped, one uncoloured line per row with no trailing blanks."""
     c = console()
@@ -65,7 +80,10 @@ def warn(message: str) -> None:
     """A warning on stderr (markup-free: messages carry paths and brackets)."""
     from rich.markup import escape
 
-    console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(message)}")
+    shown = "".join(
+        ch if ch.isprintable() or ch == "\n" else ch.encode("unicode_escape").decode() for ch in message
+    )
+    console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(shown)}")
 
 
 def write_or_echo(content: str, output: str | None) -> None:

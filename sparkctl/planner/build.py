@@ -23,6 +23,7 @@ from sparkctl.planner.engines import (
     llamacpp_argv,
     vllm_argv,
 )
+from sparkctl.planner.keyed import with_key_file
 from sparkctl.planner.memory import gib, plan_memory
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
 
@@ -270,7 +271,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     if check.problems:
         warnings += [f"does not fit: {p}" for p in check.problems]
 
-    return Plan(
+    plan = Plan(
         recipe_name=recipe.name,
         recipe_hash=rhash,
         runtime=recipe.runtime,
@@ -292,12 +293,12 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         device=recipe.engine.device,
         warnings=tuple(warnings),
         notes=tuple(notes),
-        api_key_file=_api_key_file(recipe),
         watchdog=(recipe.memory.watchdog.floor_bytes, recipe.memory.watchdog.interval_s)
         if recipe.memory.watchdog
         else None,
         image_pins=recipe.engine.effective_pins() if recipe.runtime == "docker" else {},
     )
+    return with_key_file(plan, _api_key_file(recipe))
 
 
 def _overlay_link_roots(recipe: Any, steps: PrepareSteps) -> list[str]:

@@ -287,7 +287,9 @@ def render_compose(plan: Plan) -> str:
         "#   docker compose -f <this file> up -d\n"
         f"# then the OpenAI API is at {plan.base_url}/v1 once the healthcheck passes.\n"
     )
-    header = "".join(_comment(line) + "\n" for line in header.splitlines())
+    # split on "\n" only: str.splitlines also breaks at U+2028, \x1c... inside a value, and the rest of that
+    # line would start a YAML line of its own; _comment escapes those
+    header = "".join(_comment(line) + "\n" for line in header.rstrip("\n").split("\n"))
     for note in plan.notes:
         header += _comment(f"# note: {note}") + "\n"
     for warning in plan.warnings:

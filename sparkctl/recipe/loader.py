@@ -50,8 +50,11 @@ def builtin_names() -> list[str]:
 def find_builtin(name: str) -> Path | None:
     for d in recipe_dirs():
         candidate = d / f"{name}.yaml"
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:  # a name too long for a file name is no built-in's
+            continue
     return None
 
 
@@ -65,14 +68,14 @@ def resolve_source(name_or_path: str, *, relative_to: Path | None = None) -> Pat
         path = Path(name_or_path).expanduser()
         if relative_to is not None and not path.is_absolute():
             path = relative_to / path
-        if not path.is_file():
+        if not _is_file(path):
             raise UserError(f"recipe file not found: {path}")
         return path
     found = find_builtin(name_or_path)
     if found is not None:
         return found
     local = Path(name_or_path)
-    if relative_to is None and local.is_file():
+    if relative_to is None and _is_file(local):
         return local
     names = builtin_names()
     close = difflib.get_close_matches(name_or_path, names, n=1)
@@ -81,6 +84,15 @@ def resolve_source(name_or_path: str, *, relative_to: Path | None = None) -> Pat
         f"unknown recipe {name_or_path!r}; {hint}built-in recipes: {', '.join(names) or '(none found)'}",
         hint="pass a path to a .yaml file for your own recipe; `sparkctl list` shows the built-ins",
     )
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, with what the filesystem refuses to look up (a name past NAME_MAX or PATH_MAX, a
+    directory we may not search) said as a recipe error instead of an OSError."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise UserError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[Path_, Origin]]:

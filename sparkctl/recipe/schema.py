@@ -38,11 +38,14 @@ NETDEV_PATTERN = r"[A-Za-z0-9_.:-]{1,15}"  # Linux interface names (IFNAMSIZ 16)
 def check_host(value: str, what: str = "host") -> str:
     """An IP address or a DNS name: what a server binds to or a peer is reached at, nothing more."""
     try:
-        ipaddress.ip_address(value)
-        return value
+        address = ipaddress.ip_address(value)
     except ValueError:
-        pass
-    if not re.fullmatch(HOSTNAME_PATTERN, value):
+        address = None
+    # an IPv6 scope id (`fe80::1%eth0`) is free text to `ipaddress`; here it is an interface name
+    scope = getattr(address, "scope_id", None)
+    if address is not None and (scope is None or re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope)):
+        return value
+    if address is not None or not re.fullmatch(HOSTNAME_PATTERN, value):
         raise ValueError(f"{what} {value!r} is not an IP address or a host name")
     return value
 

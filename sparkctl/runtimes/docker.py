@@ -36,6 +36,7 @@ from sparkctl.planner.container import (  # re-exported: the labels and the name
 )
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
+from sparkctl.runtimes.identity import LABEL_STATE, state_tag
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
 from sparkctl.server.auth import env_of
 from sparkctl.server.ports import ensure_free
@@ -299,6 +300,7 @@ class DockerRuntime:
         ensure_free(plan.host, plan.port)
 
         kwargs = create_kwargs(run)
+        kwargs["labels"][LABEL_STATE] = state_tag()  # found again by label if its state file is lost
         for host_dir, container_dir in prepare_mounts(run):
             kwargs["mounts"].append(Mount(target=container_dir, source=host_dir, type="bind", read_only=True))
         try:

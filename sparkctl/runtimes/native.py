@@ -5,8 +5,9 @@ vLLM themselves. The server runs in a new session, so a Ctrl-C in the user's ter
 it once `up` has returned, and `stop` can signal the whole group: vLLM forks an engine-core process
 and workers that must go down with the API server, or they keep the memory and the port.
 
-A pid alone is not an identity (pids are reused), so the state records the leader's start time and
-every check compares it.
+A pid alone is not an identity (pids are reused, and a state file can be stale or forged), so the server
+carries a marker in its environment (runtimes.identity) and only processes that carry it are ever
+signalled; the leader's start time is recorded and compared too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.planner.types import Plan
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
+from sparkctl.runtimes.identity import MARKER_ENV, is_ours, new_marker, protected_pids
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
 from sparkctl.server.auth import env_of
 
@@ -79,6 +81,8 @@ class NativeRuntime:
         require_executable(plan)
         # the API key comes from its 0600 env file straight into the environment: not argv, not the log
         env = {**os.environ, **plan.env, **env_of(plan.api_key_file)}
+        env.pop("SPARKCTL_API_KEY", None)  # `up`'s own input; the engine has its engine's variable
+        marker = env[MARKER_ENV] = new_marker(plan.recipe_name)
         # Unbuffered so the health gate's "last log line" is the server's latest, not one a pipe holds.
         env.setdefault("PYTHONUNBUFFERED", "1")
         try:
@@ -111,7 +115,12 @@ class NativeRuntime:
             self.name,
             log_path,
             pid=proc.pid,
-            extra={"create_time": repr(create_time), "pgid": str(proc.pid), "argv": shlex.join(plan.argv)}
+            extra={
+                "create_time": repr(create_time),
+                "pgid": str(proc.pid),
+                "argv": shlex.join(plan.argv),
+                "marker": marker,
+            }
             | ({"api_key_file": plan.api_key_file} if plan.api_key_file else {}),
         )
 
@@ -134,12 +143,15 @@ class NativeRuntime:
         memory the server held that outlived it (shm.py). Idempotent."""
         members = self._members(state)
         segments = held_segments(members)
-        if members:
-            self._signal(state, members, signal.SIGTERM)
-            members = self._wait_gone(state, members, timeout_s)
-        if members:
-            self._signal(state, members, signal.SIGKILL)
-            members = self._wait_gone(state, members, 10.0)
+        signalled: set[int] = set()
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0), (signal.SIGKILL, 5.0)):
+            if not members:
+                break
+            self._signal(state, members, sig)
+            signalled.update(p.pid for p in members)
+            left = self._wait_gone(state, members, wait_s)
+            # and what was forked between the look and the signal (a new worker), proven ours like the rest
+            members = left + [p for p in self._members(state) if p.pid not in signalled and _is_live(p)]
         self._reap(state)
         if members:
             names = ", ".join(f"{p.pid}" for p in members)
@@ -187,8 +199,9 @@ class NativeRuntime:
     # -- internals -----------------------------------------------------------------------------------
 
     def _leader(self, state: ServerState) -> psutil.Process | None:
-        """The recorded leader, if it is still the same process (pid and start time both match)."""
-        if not state.pid:
+        """The recorded leader, if it is provably the process sparkctl started: same start time, and our
+        marker in its environment (a record from before markers: the same command line instead)."""
+        if not state.pid or state.pid in protected_pids():
             return None
         try:
             proc = psutil.Process(state.pid)
@@ -196,53 +209,62 @@ class NativeRuntime:
         except psutil.Error:
             return None
         recorded = _float(state.extra.get("create_time"))
-        if recorded is not None and abs(started - recorded) > _CREATE_TIME_SLACK_S:
-            return None  # the pid was reused by an unrelated process
-        return proc
+        if recorded is None or abs(started - recorded) > _CREATE_TIME_SLACK_S:
+            return None  # the pid was reused by an unrelated process, or the record never said when
+        marker = state.extra.get("marker")
+        child = self._children.get(state.pid)
+        if child is not None and child.returncode is None:
+            return proc  # our own child (between fork and exec its environment is still ours, unmarked)
+        if marker:
+            return proc if is_ours(proc, marker) else None
+        with contextlib.suppress(psutil.Error):
+            if shlex.join(proc.cmdline()) == state.extra.get("argv"):
+                return proc
+        return None
 
     def _members(self, state: ServerState) -> list[psutil.Process]:
-        """Every live process of the server: its process group plus any descendant that left it.
-
-        Linux never hands out a pid that is still some process's group id, so while a member of the
-        group lives the leader's pid cannot have been reused. Hence: leader alive and matching, or
-        leader gone -> the processes in that group are ours; leader's pid alive but with another
-        start time -> the number was reused after our whole group died, nothing is ours.
+        """Every live process of the server, each proven ours: it carries the server's marker (the engine
+        core and workers inherit it, also after the API server died or when they left its group) and
+        started no earlier than the leader. A record without a marker (written before markers) gets
+        only the descendants of its verified leader; a record that proves nothing gets nothing.
         """
-        pgid = int(state.extra.get("pgid") or state.pid or 0)
-        if pgid <= 0:
-            return []
+        marker = state.extra.get("marker")
         leader = self._leader(state)
-        if leader is None and state.pid and psutil.pid_exists(state.pid):
-            try:
-                if psutil.Process(state.pid).status() != psutil.STATUS_ZOMBIE:
-                    return []
-            except psutil.Error:
-                pass
+        if not marker:
+            if leader is None:
+                return []
+            with contextlib.suppress(psutil.Error):
+                return [leader, *leader.children(recursive=True)]
+            return []
         not_before = (_float(state.extra.get("create_time")) or 0.0) - _CREATE_TIME_SLACK_S
-        found: dict[int, psutil.Process] = {}
+        protected = protected_pids()
+        found: list[psutil.Process] = []
         for proc in psutil.process_iter(["pid", "create_time", "status"]):
             try:
-                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                if proc.pid in protected or proc.info["status"] == psutil.STATUS_ZOMBIE:
                     continue
-                if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= not_before:
-                    found[proc.pid] = proc
+                created = proc.info["create_time"]  # None where psutil could not read it
+                if created is not None and created >= not_before and is_ours(proc, marker):
+                    found.append(proc)
             except (OSError, psutil.Error):
                 continue
-        if leader is not None:
-            with contextlib.suppress(psutil.Error):
-                for child in leader.children(recursive=True):
-                    found.setdefault(child.pid, child)
-        return list(found.values())
+        if leader is not None and leader.pid not in {p.pid for p in found}:
+            found.append(leader)
+        return found
 
     def _signal(self, state: ServerState, members: list[psutil.Process], sig: signal.Signals) -> None:
-        pgid = int(state.extra.get("pgid") or state.pid or 0)
-        if pgid > 0 and any(_pgid(p) == pgid for p in members):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-        for p in members:  # descendants that moved to another group
-            if _pgid(p) != pgid:
-                with contextlib.suppress(psutil.Error):
-                    p.send_signal(sig)
+        """The leader's own process group when the leader is proven ours and leads it (that reaches a
+        worker forked a moment ago too), and each proven member by itself. Never a group number taken
+        from a record: that could be anyone's. psutil's send_signal checks the pid is still the process
+        it listed."""
+        leader = self._leader(state)
+        if leader is not None:
+            with contextlib.suppress(OSError):
+                if os.getpgid(leader.pid) == leader.pid:
+                    os.killpg(leader.pid, sig)
+        for p in members:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
 
     def _wait_gone(
         self, state: ServerState, members: list[psutil.Process], timeout_s: float
@@ -312,13 +334,6 @@ def tail_lines(path: Path | str | None, n: int) -> list[str]:
     if not path:
         return []
     return list(follow_file(Path(path), tail=n))
-
-
-def _pgid(proc: psutil.Process) -> int | None:
-    try:
-        return os.getpgid(proc.pid)
-    except OSError:
-        return None
 
 
 def _is_live(proc: psutil.Process) -> bool:

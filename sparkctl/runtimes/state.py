@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import fields
@@ -22,8 +21,6 @@ from sparkctl.atomic import write_atomic
 from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.runtimes.base import ServerState
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
 
 def servers_dir() -> Path:
     return paths.state_dir() / "servers"
@@ -31,8 +28,7 @@ def servers_dir() -> Path:
 
 def state_path(recipe: str) -> Path:
     """Recipe names are file names already; anything else (a path-like name) is flattened safely."""
-    name = _SAFE.sub("_", recipe).strip("._") or "recipe"
-    return servers_dir() / f"{name}.json"
+    return servers_dir() / f"{paths.file_stem(recipe)}.json"
 
 
 def log_path(recipe: str) -> Path:
@@ -51,15 +47,60 @@ def save(state: ServerState) -> Path:
         raise write_failure(target, exc) from None
 
 
-def _from_dict(data: dict, source: Path) -> ServerState:
-    known = {f.name for f in fields(ServerState)}
-    try:
-        return ServerState(**{k: v for k, v in data.items() if k in known})
-    except TypeError as exc:
+# What each field must hold: a record of another shape (hand-edited, another tool's, a partial write of
+# an older sparkctl) is refused in one line here, never a traceback wherever a field is used later.
+_SHAPE: dict[str, tuple[type, ...]] = {
+    "recipe": (str,),
+    "runtime": (str,),
+    "recipe_hash": (str,),
+    "base_url": (str,),
+    "port": (int,),
+    "served_model_name": (str,),
+    "started_at": (int, float),
+    "log_path": (str, type(None)),
+    "pid": (int, type(None)),
+    "container_id": (str, type(None)),
+    "container_name": (str, type(None)),
+    "extra": (dict,),
+}
+_REQUIRED = ("recipe", "runtime", "recipe_hash", "base_url", "port", "served_model_name", "started_at")
+
+
+def shape_problem(data: object) -> str | None:
+    """Why `data` is not a server record, or None when it is one."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        return f"no {', '.join(missing)}"
+    for key, types in _SHAPE.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"{key} is {type(value).__name__}"
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in data.get("extra", {}).items()):
+        return "extra holds values that are not strings"
+    return None
+
+
+def _problem(data: object, source: Path) -> str | None:
+    """shape_problem, and a record kept under another recipe's file name (it would never be found by name,
+    so never removed by `down`)."""
+    problem = shape_problem(data)
+    if problem is None and isinstance(data, dict) and state_path(data["recipe"]).name != source.name:
+        problem = f"it names recipe {str(data['recipe'])[:60]!r}, not the one of its file name"
+    return problem
+
+
+def _from_dict(data: object, source: Path) -> ServerState:
+    problem = _problem(data, source)
+    if problem is not None:
         raise RuntimeFailure(
-            f"state file {source} is not a sparkctl server state ({exc})",
-            hint=f"remove it if no server of that recipe is running: rm {source}",
-        ) from exc
+            f"state file {source} is not a sparkctl server record ({problem})",
+            hint=f"`sparkctl down {source.stem}` stops its server if one runs and sets the file aside",
+        )
+    assert isinstance(data, dict)
+    known = {f.name for f in fields(ServerState)}
+    return ServerState(**{k: v for k, v in data.items() if k in known})
 
 
 def load(recipe: str) -> ServerState | None:
@@ -69,13 +110,18 @@ def load(recipe: str) -> ServerState | None:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuntimeFailure(
+            f"state file {path} cannot be read: {getattr(exc, 'strerror', None) or str(exc)[:80]}",
+            hint=f"`sparkctl down {recipe}` stops its server if one runs and sets the file aside",
+        ) from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise RuntimeFailure(
-            f"state file {path} is corrupt: {exc}",
-            hint=f"remove it if no server of that recipe is running: rm {path}",
-        ) from exc
+            f"state file {path} is corrupt: {str(exc)[:120]}",
+            hint=f"`sparkctl down {recipe}` stops its server if one runs and sets the file aside",
+        ) from None
     return _from_dict(data, path)
 
 
@@ -89,9 +135,39 @@ def load_all() -> list[ServerState]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             out.append(_from_dict(data, path))
-        except (OSError, json.JSONDecodeError, RuntimeFailure):
-            continue
+        except (OSError, ValueError, RecursionError, RuntimeFailure):
+            continue  # listed by damaged(): a bad record never hides a server (see servers.status_rows)
     return out
+
+
+def damaged() -> list[tuple[Path, str]]:
+    """The state files that are not a readable server record, each with why (for `status` and `down`)."""
+    out: list[tuple[Path, str]] = []
+    directory = servers_dir()
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.glob("*.json")):
+        try:
+            problem = _problem(json.loads(path.read_text(encoding="utf-8")), path)
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = f"unreadable: {str(exc)[:80]}"
+        if problem is not None:
+            out.append((path, problem))
+    return out
+
+
+def set_aside(recipe: str | Path) -> Path | None:
+    """Move a damaged state file (of a recipe, or at a path) out of the way, kept as `<name>.json.damaged`
+    to look at."""
+    path = recipe if isinstance(recipe, Path) else state_path(recipe)
+    target = path.with_name(path.name + ".damaged")
+    try:
+        path.replace(target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise write_failure(target, exc) from None
+    return target
 
 
 def remove(recipe: str) -> bool:

@@ -134,7 +134,9 @@ def test_reused_pid_is_not_ours(make_plan, tmp_path):
     )
     try:
         forged = type(state)(**{**state.to_json(), "pid": bystander.pid})
-        forged.extra = {**state.extra, "pgid": str(bystander.pid)}  # the start time stays the server's
+        # the start time stays the server's; the marker is another server's (the real one's would prove
+        # that one, which stop() may then stop: it is ours)
+        forged.extra = {**state.extra, "pgid": str(bystander.pid), "marker": "0:t"}
         time.sleep(0.1)
         assert not rt.is_running(forged)
         assert rt.stats(forged) is None

@@ -61,7 +61,7 @@ def test_corrupt_file_is_a_clear_error_but_does_not_break_listing():
     state.servers_dir().joinpath("bad.json").write_text("{not json")
     with pytest.raises(RuntimeFailure, match="corrupt") as info:
         state.load("bad")
-    assert "rm " in info.value.hint
+    assert "sparkctl down bad" in info.value.hint
     assert [s.recipe for s in state.load_all()] == ["good"]
 
 
@@ -71,7 +71,7 @@ def test_unknown_keys_are_ignored_missing_keys_rejected():
     state.state_path("newer").write_text(json.dumps(data))
     assert state.load("newer").recipe == "newer"
     state.state_path("older").write_text(json.dumps({"recipe": "older"}))
-    with pytest.raises(RuntimeFailure, match="not a sparkctl server state"):
+    with pytest.raises(RuntimeFailure, match="not a sparkctl server record"):
         state.load("older")
 
 

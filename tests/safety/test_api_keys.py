@@ -160,7 +160,7 @@ def test_a_planted_key_file_reaches_the_engine_but_no_output_log_state_or_render
         (["--set", "serve.host=192.168.1.2"], 2, "with no API key: anyone who can reach this machine"),
         (["--expose", "--no-auth"], 0, ""),
         (["--expose", "--api-key", "generate"], 0, ""),
-        (["--api-key", "short"], 2, "--api-key: an API key is 16-512 characters"),
+        (["--api-key", "sk-" + "k" * 30], 2, "--api-key KEY would put the key in this command line"),
         (
             ["--set", "serve.extra_args=[--api-key, sk-xxxxxxxxxxxxxxxxxxxx]"],
             2,
@@ -177,3 +177,98 @@ def test_exposure_needs_a_key_or_no_auth(tmp_path: Path, args: list[str], code: 
         assert all(line.startswith("hint: ") for line in rest)
     assert "sk-xxxxxxxx" not in res.stdout + res.stderr or "extra_args" in fragment
     assert not (tmp_path / "state" / "keys").exists()  # a dry run stores nothing
+
+
+def _argv_holding(secret: str) -> list[str]:
+    """Every process on this machine whose command line holds `secret` (what `ps` shows any user)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(secret in word for word in proc.info["cmdline"] or ()):
+            found.append(" ".join(proc.info["cmdline"]))
+    return found
+
+
+@pytest.mark.parametrize("how", ["env", "stdin"])
+def test_a_key_given_by_env_or_stdin_is_in_no_processs_argv_while_up_runs(tmp_path: Path, how: str) -> None:
+    """The hole: `up --api-key KEY` showed the key in `ps` for the whole start-up. A literal key is refused
+    (above); the key comes from SPARKCTL_API_KEY or stdin, and neither sparkctl's nor the engine's argv has it."""
+    import time
+
+    from sparkctl_proc import sparkctl_env
+
+    key = "sk-from-" + how + "-" + "Q" * 24
+    recipe = _recipe(tmp_path, "quiet").read_text()
+    # a slow start, so `ps` is read while `up` is still waiting for health
+    recipe = recipe.replace(
+        "import http.server, json, os, sys", "import http.server, json, os, sys, time; time.sleep(3)"
+    )
+    path = tmp_path / "quiet.yaml"
+    path.write_text(recipe)
+    env = sparkctl_env(tmp_path, **({"SPARKCTL_API_KEY": key} if how == "env" else {}))
+    args = ["up", str(path), "--port", str(free_port())] + (["--api-key", "-"] if how == "stdin" else [])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(key + "\n")
+        proc.stdin.close()
+        seen: list[str] = []
+        while proc.poll() is None:
+            seen += _argv_holding(key)
+            time.sleep(0.2)
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+        assert proc.returncode == 0, err
+        assert seen == [] and _argv_holding(key) == []
+        assert key not in out + err
+        log = (tmp_path / "state" / "logs" / "quiet.log").read_text()
+        assert "key given: True" in log and key not in log
+        assert (tmp_path / "state" / "keys" / "quiet.env").read_text().strip() == f"VLLM_API_KEY={key}"
+        chat = _sparkctl(tmp_path, "chat", "quiet", "-m", "hi")  # sparkctl's own calls use the stored key
+        assert chat.returncode == 0, chat.stderr
+    finally:
+        proc.kill() if proc.poll() is None else None
+        _sparkctl(tmp_path, "down", "quiet")
+
+
+def test_expose_without_auth_is_said_loudly(tmp_path: Path) -> None:
+    res = _sparkctl(tmp_path, "up", str(_recipe(tmp_path, "open")), "--dry-run", "--expose", "--no-auth")
+    assert res.returncode == 0, res.stderr
+    assert "OPEN TO THE NETWORK" in res.stderr and "NO API key" in res.stderr
+    quiet = _sparkctl(tmp_path, "up", str(_recipe(tmp_path, "open")), "--dry-run", "--no-auth")
+    assert "OPEN TO THE NETWORK" not in quiet.stderr  # loopback: nothing to shout about
+
+
+def test_bench_warns_about_a_key_on_its_command_line_and_reads_one_from_stdin(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: bench stops at its first request
+    key = "sk-bench-" + "B" * 24
+    argv = _sparkctl(tmp_path, "bench", "run", "--url", url, "--model", "m", "--api-key", key, "--no-html")
+    assert "visible to every local user" in argv.stderr and key not in argv.stdout + argv.stderr
+    env_given = run_sparkctl(
+        tmp_path, "bench", "run", "--url", url, "--model", "m", "--no-html", OPENAI_API_KEY=key
+    )
+    assert "visible to every local user" not in env_given.stderr
+    from sparkctl_proc import sparkctl_env
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "sparkctl", "bench", "run", "--url", url, "--model", "m", "--api-key", "-"],
+        input=key + "\n",
+        env=sparkctl_env(tmp_path),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert "visible to every local user" not in piped.stderr and "stdin gave no key" not in piped.stderr
+    assert piped.returncode == argv.returncode != 0, (
+        piped.stderr
+    )  # the same connection error, not a key error

@@ -101,7 +101,16 @@ def _put(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 @st.composite
 def recipe_texts(draw: st.DrawFn) -> str:
-    kind = draw(st.sampled_from(["structured", "structured", "strings", "strings", "snippet", "text"]))
+    kind = draw(
+        st.sampled_from(["structured", "structured", "strings", "strings", "snippet", "text", "long"])
+    )
+    if kind == "long":  # past the filesystem's NAME_MAX / PATH_MAX, or just very long, where a path goes
+        unit = draw(st.sampled_from(["a", "ab/", "../", "é", "/"]))
+        text = (unit * 300_000)[: draw(st.sampled_from([255, 256, 1024, 4097, 70_000, 300_000]))]
+        field = draw(st.sampled_from([("extends",), ("name",), ("serve", "served_model_name"), ("env", "A")]))
+        data = {"extends": "tiny"}
+        _put(data, field, text if field != ("extends",) else draw(st.sampled_from(["", "/", "./"])) + text)
+        return yaml.safe_dump(data, allow_unicode=True, width=10**7)
     if kind == "strings":  # valid shape, hostile text: reaches the planner and every renderer
         printable = st.text(
             st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=30

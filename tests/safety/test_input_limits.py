@@ -205,3 +205,46 @@ def test_control_characters_in_an_error_are_shown_escaped_not_obeyed(tmp_path: P
     line = assert_one_error(res, "recipe file not found")
     assert "\r" not in res.stderr and "\x1b" not in res.stderr
     assert "evil\\r\\x1b[2Kfine.yaml" in line
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/tmp/" + "a" * 300 + "/x.yaml", "/tmp/" + "a" * 300 + ".yaml", "/" + "a/" * 3000 + "x.yaml"],
+    ids=["component-too-long", "file-name-too-long", "path-too-long"],
+)
+@pytest.mark.parametrize("where", ["extends", "argument"])
+def test_a_recipe_path_too_long_for_the_filesystem_is_one_short_line(
+    tmp_path: Path, target: str, where: str
+) -> None:
+    """The hole: `extends:` (or the path given) longer than NAME_MAX / PATH_MAX was an OSError traceback."""
+    path = recipe(tmp_path, "") if where == "argument" else ""
+    if where == "extends":
+        path = str(tmp_path / "r.yaml")
+        Path(path).write_text(f"extends: {target}\nname: r\n")
+    res = sparkctl("show", path if where == "extends" else target)
+    line = assert_one_error(res, "recipe")
+    assert len(line) < 600  # the value is cut, not echoed whole
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "/dev/null", "/dev/tty"])
+def test_special_files_as_a_recipe_are_one_line_and_quick(tmp_path: Path, special: str) -> None:
+    if special == "fifo":
+        special = str(tmp_path / "pipe.yaml")
+        os.mkfifo(special)
+    t0 = time.monotonic()
+    res = sparkctl("show", special)
+    assert_one_error(res)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_recipe_name_too_long_for_a_file_name_still_has_its_state_lock_and_key_files(
+    tmp_path: Path,
+) -> None:
+    """The hole: a 300-character name validated, then `down`/`up` failed writing `<name>.lock`."""
+    from sparkctl.runtimes import state
+
+    path = recipe(tmp_path, "name: " + "n" * 300 + "\n")
+    res = sparkctl("down", path)
+    assert res.code == 0 and "is not running" in res.stdout, res.stderr
+    assert len(state.state_path("n" * 300).name) < 255
+    assert state.state_path("n" * 300) != state.state_path("n" * 299 + "m")

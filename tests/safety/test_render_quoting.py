@@ -427,3 +427,18 @@ def test_mounts_that_hand_over_the_host_are_warned_about(container: dict[str, An
     p = plan_of(base_recipe(runtime="docker", container={"image": "img", **container}))
     assert any(fragment in w for w in p.warnings), p.warnings
     assert not plan_of(base_recipe(runtime="docker", container={"image": "img"})).warnings
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c"])
+def test_no_value_in_the_compose_header_can_start_a_yaml_line(sep: str) -> None:
+    """The hole: an IPv6 scope id is free text to `ipaddress`, so `serve.host` passed the schema with a
+    line separator in it, the header was split on every kind of line break, and the text after it became
+    a top-level compose key. The schema refuses it, and a hand-made Plan still cannot end a comment."""
+    host = f"fe80::1%eth0{sep}x-evil: 1"
+    data = base_recipe(runtime="docker", container={"image": "img"}, serve={"host": host})
+    with pytest.raises(UserError, match="serve.host"):
+        plan_of(data)
+    p = plan_of(base_recipe(runtime="docker", container={"image": "img"}))
+    hostile = Plan(**{**p.__dict__, "host": host, "notes": (f"n{sep}x-n: 1",)})
+    doc = yaml.safe_load(render(hostile, "compose"))
+    assert set(doc) == {"name", "services"}
