@@ -65,8 +65,9 @@ ssh-server: ## install the OpenSSH server the two-Spark tests log into, and rsyn
 test: install-vllm docker-engine test-image image-ci chromium llama-server freetoken ssh-server ## install everything the tests need, build the Spark image, run the tests
 	$(BIN)/python -m pytest -q
 
-test-fast: install ## unit tests only (no servers)
-	$(BIN)/python -m pytest -q -m 'not e2e'
+# The tiers are pytest markers (pyproject.toml): a test that starts any process is marked slow, e2e, docker or gpu.
+test-fast: install ## the tests that start no process (no sshd, servers, Ctrl-C or disk-fault children)
+	$(BIN)/python -m pytest -q -m 'not slow and not e2e and not docker and not gpu'
 
 # Debian's chromium, driven headless by playwright (dev extra) in the report test; without root or
 # apt-get the test skips with that reason instead of failing the run.

@@ -92,6 +92,7 @@ def nvcc_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
 def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str) -> None:
     out, stdout = nvcc_build
@@ -111,6 +112,7 @@ def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str)
     assert "0 spilling" in stdout
 
 
+@pytest.mark.slow
 def test_bench_drivers_compile(tmp_path: Path) -> None:
     """The torch-free device drivers (A/B timing of the GEMV and of the reconstruction, phase timing, pipe rates) still build against the kernel source:
     they are only run on the GPU machine, where a broken one would cost device time to find out."""
@@ -149,6 +151,7 @@ def test_bench_drivers_compile(tmp_path: Path) -> None:
         assert proc.returncode == 0, f"{name} does not compile:\n{out}"
 
 
+@pytest.mark.slow
 def test_build_reports_compile_errors(tmp_path: Path) -> None:
     """A broken kernel must fail the build with nvcc's message, not pass silently."""
     if NVCC is None:
@@ -227,6 +230,7 @@ int main(int argc, char** argv) {  // m I O k2 codebook, repeated: one status pe
 """
 
 
+@pytest.mark.slow
 def test_the_one_shape_rule(nvcc_build: tuple[Path, str], tmp_path: Path) -> None:
     """exl3_gemv_supports, the rule the binding, the ops (through cuda.supports) and the bench all ask, run on the
     host from the built object (it touches no device, so it runs here)."""
@@ -300,6 +304,7 @@ def test_tuning_refuses_unknown_fields() -> None:
         cuda.set_tuning(mul1_path=1)
 
 
+@pytest.mark.slow
 def test_bench_refuses_without_gpu() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -313,6 +318,7 @@ def test_bench_refuses_without_gpu() -> None:
     assert "no CUDA device" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_build_command_explains_itself_and_rejects_anything_else() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "sparkctl_exl3.cuda", *args]
@@ -349,6 +355,7 @@ int main(int argc, char** argv) {
 """
 
 
+@pytest.mark.slow
 def test_reconstruction_refuses_bad_launches_on_the_host(
     nvcc_build: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -386,6 +393,7 @@ def test_reconstruction_refuses_bad_launches_on_the_host(
     assert lines[-1] == f"supports {EXL3_OK} {EXL3_ERR_CODEBOOK}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
 def test_ngram_lookup_kernel_is_built(nvcc_build: tuple[Path, str], arch: str) -> None:
     """`make kernels` builds the n-gram (PLE) lookup kernel too (its spills are checked with the others above)."""
