@@ -337,6 +337,8 @@ def test_cuda_workspace_follows_the_tuning() -> None:
     """
     from sparkctl_exl3 import cuda
 
+    if not cuda.ab_paths():
+        pytest.skip("mul1 through the fp16 kernel is an A/B path: only in a SPARKCTL_EXL3_AB_PATHS=1 build")
     trellis, suh, svh = _random_layer(256, 512, 2, seed=41)  # 4096 x 8192: split at one row, 8192 columns
     x = torch.randn(1, 4096).half()
     expected = ref.matmul(x, trellis, suh, svh, "mul1")
@@ -354,6 +356,24 @@ def test_cuda_workspace_follows_the_tuning() -> None:
     assert large >= 2 * 8192 > small  # a 64-bit slot per column of the one row
     assert _rel(y16.cpu().float(), expected) < 1e-3
     assert _rel(y8.cpu().float(), expected) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_product_build_refuses_an_ab_tuning() -> None:
+    """The product build leaves the A/B paths' kernels out (kernels/csrc/exl3_gemv.cu): a tuning that needs one
+    makes the call fail with the sentence naming the bench build, and the default tuning serves the same layer."""
+    from sparkctl_exl3 import cuda
+
+    if cuda.ab_paths():
+        pytest.skip("this process loaded the bench build (SPARKCTL_EXL3_AB_PATHS=1)")
+    trellis, suh, svh = _random_layer(256, 512, 2, seed=43)
+    x = torch.randn(2, 4096).half()
+    args = (x.cuda(), trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    for change in ({"mul1_fp16": 1}, {"xprep_min_rows": 1}):
+        with cuda.tuned(**change), pytest.raises(RuntimeError, match="SPARKCTL_EXL3_AB_PATHS=1"):
+            cuda.gemv(*args)
+    assert _rel(cuda.gemv(*args).cpu().float(), ref.matmul(x, trellis, suh, svh, "mul1")) < 1e-3
 
 
 @pytest.mark.gpu
