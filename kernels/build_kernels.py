@@ -114,10 +114,12 @@ def find_nvcc() -> str | None:
     return next((str(c) for c in candidates if c.is_file()), None)
 
 
-def compile_one(nvcc: str, source: Path, arch: str, out_dir: Path) -> tuple[int, str, Path]:
+def compile_one(
+    nvcc: str, source: Path, arch: str, out_dir: Path, extra: tuple[str, ...] = ()
+) -> tuple[int, str, Path]:
     obj = out_dir / arch / (source.stem + ".o")
     obj.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-I", str(CSRC), "-c", str(source), "-o", str(obj)]
+    cmd = [nvcc, *NVCC_FLAGS, *extra, f"-arch={arch}", "-I", str(CSRC), "-c", str(source), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return proc.returncode, proc.stdout + proc.stderr, obj
 
@@ -130,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(KERNELS_DIR / "build" / "nvcc"), help="object directory")
     ap.add_argument("--allow-spills", action="store_true", help="do not fail when a kernel spills registers")
     ap.add_argument("--quiet", action="store_true", help="print only the summary line")
+    ap.add_argument(
+        "--ab-paths",
+        action="store_true",
+        help="also compile the bench-only A/B paths (-DEXL3_AB_PATHS: mul1 through the fp16 kernel, the integer "
+        "kernel's x' kernel), as kernels/bench/run.py's build has them",
+    )
     args = ap.parse_args(argv)
     nvcc = find_nvcc()
     if nvcc is None:
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     jobs = [(src, arch) for src in sources for arch in archs]
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
-        results = list(pool.map(lambda job: compile_one(nvcc, job[0], job[1], out_dir), jobs))
+        extra = ("-DEXL3_AB_PATHS",) if args.ab_paths else ()
+        results = list(pool.map(lambda job: compile_one(nvcc, job[0], job[1], out_dir, extra), jobs))
 
     failed = False
     reports: list[KernelReport] = []

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Run the fault-injection suite (tests/safety) and write its matrix (case, result) into README.md.
+"""Run the fault-injection suite (tests/safety) and write its matrix (case, result) into docs/reliability.md.
 
-    .venv/bin/python scripts/fault-matrix.py          # run, then rewrite the README table
+    .venv/bin/python scripts/fault-matrix.py          # run, then rewrite the table in docs/reliability.md
     .venv/bin/python scripts/fault-matrix.py --check  # run, print the table, exit 1 if a case fails
 
-The table sits between the `fault-matrix` markers of the README's Reliability section; each row is one
+The table sits between the `fault-matrix` markers of docs/reliability.md; each row is one
 test (parametrized cases grouped), its result is what this run of it on this machine gave.
 """
 
@@ -19,7 +19,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+README = REPO / "docs" / "reliability.md"  # the page holding the table
 BEGIN, END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
 AREAS = {
     "test_render_quoting": "rendering",

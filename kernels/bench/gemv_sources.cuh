@@ -3,6 +3,12 @@
 // (stamps.cuh, included before this file) reaching every kernel.
 #pragma once
 
+// The drivers time and check the A/B paths too (mul1 through the fp16 kernel, the integer kernel's x' kernel), which
+// the product build leaves out (exl3_gemv.cu says why).
+#ifndef EXL3_AB_PATHS
+#define EXL3_AB_PATHS
+#endif
+
 #include "../csrc/exl3_gemv.cu"
 #include "../csrc/exl3_gemv_i8.cu"  // with the fused MoE (exl3_moe.cuh)
 #include "../csrc/exl3_plan.cu"

@@ -5,7 +5,8 @@ One command for the GPU machine (see kernels/PERF.md for the exact invocations a
     python kernels/bench/run.py --vectors .device/vectors_gemv.safetensors --out $OUT
 
 Steps, each printed and also written to ``<out>/bench.json``:
-1. build the torch extension (``sparkctl_exl3.cuda``) and report how long it took;
+1. build the torch extension (``sparkctl_exl3.cuda``) with the A/B paths (``SPARKCTL_EXL3_AB_PATHS=1``, its own
+   build folder) and report how long it took;
 2. correctness, per registered kernel: the shared vectors (exllamav3's own y = x.W, and our reference decoder),
    fresh random shapes for every rate and codebook and 1..8 rows (plus >8 rows through grouping), outputs taken
    from memory poisoned with NaN, forced split-K variants, repeated calls (determinism), and CUDA-graph replay;
@@ -536,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"machine": _machine(), "args": vars(args)}
     print("machine:", json.dumps(report["machine"]), flush=True)
 
+    # the checks and --ab-* timings take the A/B paths, whose kernels only the bench build has (exl3_gemv.cu)
+    os.environ["SPARKCTL_EXL3_AB_PATHS"] = "1"
     from sparkctl_exl3 import cuda
 
     t0 = time.time()

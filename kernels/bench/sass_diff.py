@@ -7,10 +7,11 @@ architecture with ``make kernels``' flags (``nvcc -cubin``), disassembles them w
 each kernel symbol's listing (instruction words included, so register allocation and scheduling bits count), wherever
 the kernel's source file now lives.
 
-    python3 kernels/bench/sass_diff.py BEFORE [AFTER] [--arch sm_90 --arch sm_121]
+    python3 kernels/bench/sass_diff.py BEFORE [AFTER] [--arch sm_90 --arch sm_121] [--define EXL3_AB_PATHS]
 
 BEFORE and AFTER are git revisions (``main``, ``HEAD~3``, a commit) or folders holding the kernel sources; AFTER
-defaults to the working tree's ``kernels/csrc``. Cubins are cached under ``kernels/build/sass/`` by the sources'
+defaults to the working tree's ``kernels/csrc``. ``--define NAME`` compiles AFTER with ``-DNAME`` (the bench build's
+``EXL3_AB_PATHS``: a build with it must hold every kernel of BEFORE, unchanged). Cubins are cached under ``kernels/build/sass/`` by the sources'
 content, nvcc's version, the flags and the architecture, so a baseline compiles once. Prints one line per
 architecture and one per kernel that differs, appeared or went away; exits 0 when every kernel present in both is
 identical and none is new, 1 otherwise, 2 when nvcc or cuobjdump is missing or a compile fails.
@@ -119,25 +120,38 @@ def materialise(tree: str, scratch: Path) -> Path:
     return out / "kernels" / "csrc"
 
 
-def tree_key(csrc: Path, nvcc_version: str, arch: str) -> str:
+def tree_key(csrc: Path, nvcc_version: str, arch: str, defines: Sequence[str] = ()) -> str:
     h = hashlib.sha256()
-    for part in (nvcc_version, arch, *FLAGS):
+    for part in (nvcc_version, arch, *FLAGS, *(f"-D{d}" for d in defines)):
         h.update(part.encode() + b"\0")
     for f in sorted(p for p in csrc.iterdir() if p.suffix in SOURCE_SUFFIXES):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:20]
 
 
-def sass_of(nvcc: str, cuobjdump: str, csrc: Path, arch: str, nvcc_version: str) -> dict[str, str]:
+def sass_of(
+    nvcc: str, cuobjdump: str, csrc: Path, arch: str, nvcc_version: str, defines: Sequence[str] = ()
+) -> dict[str, str]:
     """{kernel symbol: listing} over every .cu of `csrc` for `arch` (compiled once per content, then cached)."""
-    cached = CACHE / tree_key(csrc, nvcc_version, arch)
+    cached = CACHE / tree_key(csrc, nvcc_version, arch, defines)
     cached.mkdir(parents=True, exist_ok=True)
     kernels: dict[str, str] = {}
     for source in sorted(csrc.glob("*.cu")):
         text = cached / f"{source.stem}.sass"
         if not text.is_file():
             cubin = cached / f"{source.stem}.cubin"
-            cmd = [nvcc, *FLAGS, f"-arch={arch}", "-cubin", "-I", str(csrc), str(source), "-o", str(cubin)]
+            cmd = [
+                nvcc,
+                *FLAGS,
+                *(f"-D{d}" for d in defines),
+                f"-arch={arch}",
+                "-cubin",
+                "-I",
+                str(csrc),
+                str(source),
+                "-o",
+                str(cubin),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise Failure(f"error: nvcc failed for {source} ({arch}):\n{proc.stdout}{proc.stderr}")
@@ -166,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--arch", action="append", help="target, e.g. sm_121 (repeatable; default sm_90 and sm_121)"
     )
+    ap.add_argument("--define", action="append", default=[], help="compile AFTER with -DNAME (repeatable)")
     args = ap.parse_args(argv)
     nvcc, cuobjdump = find_nvcc(), find_cuobjdump()
     if nvcc is None:
@@ -178,13 +193,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        return 1 if _diff(args.before, args.after, args.arch or DEFAULT_ARCHS, nvcc, cuobjdump) else 0
+        changed = _diff(args.before, args.after, args.arch or DEFAULT_ARCHS, nvcc, cuobjdump, args.define)
+        return 1 if changed else 0
     except Failure as exc:
         print(exc, file=sys.stderr)
         return 2
 
 
-def _diff(before_tree: str, after_tree: str, archs: Sequence[str], nvcc: str, cuobjdump: str) -> bool:
+def _diff(
+    before_tree: str,
+    after_tree: str,
+    archs: Sequence[str],
+    nvcc: str,
+    cuobjdump: str,
+    defines: Sequence[str] = (),
+) -> bool:
     """Prints the comparison per architecture; True when a kept kernel changed or a kernel is new."""
     # cuobjdump -sass runs nvdisasm from its own folder or the PATH
     os.environ["PATH"] = f"{Path(cuobjdump).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -195,7 +218,7 @@ def _diff(before_tree: str, after_tree: str, archs: Sequence[str], nvcc: str, cu
         after_dir = materialise(after_tree, Path(scratch) / "after")
         for arch in archs:
             before = sass_of(nvcc, cuobjdump, before_dir, arch, nvcc_version)
-            after = sass_of(nvcc, cuobjdump, after_dir, arch, nvcc_version)
+            after = sass_of(nvcc, cuobjdump, after_dir, arch, nvcc_version, defines)
             differing, removed, added, same = compare(before, after)
             lines = sum(listing.count("\n") + 1 for listing in after.values())
             print(

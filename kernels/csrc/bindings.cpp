@@ -486,6 +486,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tuning", &tuning, "the planner's tuning (exl3_gemv.h, Exl3GemvTuning)");
   m.def("set_tuning", &set_tuning, "replace the planner's tuning", py::arg("mul1_fp16"), py::arg("i8_max_rows"),
         py::arg("xprep_min_rows"), py::arg("smem_limit"), py::arg("pdl"));
+  m.def("ab_paths", []() { return exl3_gemv_ab_paths() != 0; },
+        "whether this build has the A/B paths' kernels (EXL3_AB_PATHS: mul1 through the fp16 kernel, the integer "
+        "kernel's x' kernel)");
   m.def("moe", &moe, "fused EXL3 MoE decode: the routed experts' weighted sum (three launches per (k2, codebook))",
         py::arg("x"), py::arg("topk_ids"), py::arg("topk_weights"), py::arg("lookup"), py::arg("table"), py::arg("sel"),
         py::arg("width"), py::arg("gated"), py::arg("act"), py::arg("gu_sels"), py::arg("down_sels"),

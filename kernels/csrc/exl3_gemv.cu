@@ -1,6 +1,12 @@
-// The fp16 GEMV: 3INST and MCG for 1..8 rows (and mul1 when the tuning sends it here), y[m, O] = x[m, I] . W with
-// W = diag(suh) . H . W_hat . H . diag(svh) (SPEC 4); its x' kernel for 2+ rows; the instances the planner
-// (exl3_plan.cu) asks for through fp16_gemv_kernel. Shared device code: exl3_gemv_device.cuh (how the GEMV works).
+// The fp16 GEMV: 3INST and MCG for 1..8 rows (and mul1 when the tuning sends it here, in a build with the A/B paths),
+// y[m, O] = x[m, I] . W with W = diag(suh) . H . W_hat . H . diag(svh) (SPEC 4); its x' kernel for 2+ rows; the
+// instances the planner (exl3_plan.cu) asks for through fp16_gemv_kernel. Shared device code: exl3_gemv_device.cuh
+// (how the GEMV works).
+//
+// EXL3_AB_PATHS (bench builds only: kernels/bench/gemv_sources.cuh, SPARKCTL_EXL3_AB_PATHS=1 for the torch
+// extension, build_kernels.py --ab-paths): also compile mul1 through this kernel. The default tuning never takes it
+// (the integer kernel is faster at every row count, kernels/PERF.md), so the product build leaves its 11 instances
+// out; with the define the kernels are exactly those of a build without it plus these (bench/sass_diff.py).
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -9,7 +15,7 @@
 namespace exl3 {
 
 // ---------------------------------------------------------------------------------------------------------------
-// fp16 kernel: 3INST and MCG (and mul1 when the tuning's mul1_fp16 is set)
+// fp16 kernel: 3INST and MCG (and mul1 when the tuning's mul1_fp16 is set, EXL3_AB_PATHS)
 // ---------------------------------------------------------------------------------------------------------------
 
 template <int K2, int CB>
@@ -175,15 +181,20 @@ KernelInfo info_of() {
 }
 
 
-// The fp16 kernel of rate K2 for codebook cb: every codebook when kAll (EXL3_RATES), else mul1 only.
+// The fp16 kernel of rate K2 for codebook cb: 3INST and MCG when kAll (EXL3_RATES); mul1 (every rate) only in a
+// build with the A/B paths. False: not compiled here (the planner then says which build has it).
 template <int K2, bool kAll>
 bool info_fp16(int cb, KernelInfo* out) {
   if constexpr (kAll) {
     if (cb == 0) *out = info_of<K2, 0>();
     if (cb == 1) *out = info_of<K2, 1>();
   }
+#ifdef EXL3_AB_PATHS
   if (cb == 2) *out = info_of<K2, 2>();
   return cb == 2 || (kAll && (cb == 0 || cb == 1));
+#else
+  return kAll && (cb == 0 || cb == 1);
+#endif
 }
 
 bool fp16_gemv_kernel(int k2, int codebook, KernelInfo* out) {

@@ -23,6 +23,7 @@ enum Exl3GemvStatus {
   EXL3_ERR_ALIGN = 6,      // a pointer not aligned to 16 bytes
   EXL3_ERR_CUDA = 7,       // a CUDA runtime call failed (see exl3_gemv_last_cuda_error)
   EXL3_ERR_MOE_CODEBOOK = 8,  // the fused MoE takes mul1 experts only
+  EXL3_ERR_AB_PATH = 9,    // the tuning asks for an A/B path this build leaves out (see exl3_gemv_ab_paths)
 };
 
 // One GEMV call: y[m, O] = x[m, I] . W, W = diag(suh) . H . W_hat(trellis) . H . diag(svh) (SPEC 4).
@@ -52,7 +53,9 @@ int exl3_gemv_supports(int m, int in_features, int out_features, int k2, int cod
 // The planner's tuning, one per process: the defaults below, overridden once by the environment on first use
 // (SPARKCTL_EXL3_MUL1_PATH=fp16, SPARKCTL_EXL3_I8_MAX_ROWS, SPARKCTL_EXL3_XPREP_MIN_ROWS, SPARKCTL_EXL3_SMEM_LIMIT,
 // SPARKCTL_EXL3_NO_PDL=1), afterwards only by exl3_gemv_set_tuning. The defaults are the measured fastest; the
-// others are check and A/B paths of the same kernels.
+// others are check and A/B paths. Two of those need kernels only a bench build compiles (EXL3_AB_PATHS): mul1
+// through the fp16 kernel (mul1_fp16, or i8_max_rows below the rows of a call) and the integer kernel's x' kernel
+// (xprep_min_rows > 0 for a mul1 call); in the product build a call planned onto them returns EXL3_ERR_AB_PATH.
 typedef struct Exl3GemvTuning {
   int mul1_fp16;       // 1: mul1 through the fp16 kernel instead of the integer kernel (default 0)
   int i8_max_rows;     // most rows mul1 takes through the integer kernel (default 8)
@@ -64,6 +67,8 @@ typedef struct Exl3GemvTuning {
 } Exl3GemvTuning;
 void exl3_gemv_get_tuning(Exl3GemvTuning* t);
 void exl3_gemv_set_tuning(const Exl3GemvTuning* t);
+// 1 when this build has the A/B paths' kernels (compiled with EXL3_AB_PATHS), else 0.
+int exl3_gemv_ab_paths(void);
 
 // Fills *ksplit (the split that will be used: p->ksplit if non-zero, else the automatic choice for the current
 // device), *partial_floats (fp32 scratch elements the caller must provide in p->partials), *xprep_halfs (fp16

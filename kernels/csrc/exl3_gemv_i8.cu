@@ -1,5 +1,6 @@
 // The integer (mul1) GEMV for 1..8 rows: the hash bytes straight into the integer mma for 1-4 rows, fp16 x' and one
-// fp16 mma per tile for 5-8 rows (exl3_gemv_i8.cuh); its x' kernel (the tuning's xprep_min_rows); the instances the
+// fp16 mma per tile for 5-8 rows (exl3_gemv_i8.cuh); its x' kernel (the tuning's xprep_min_rows, in a build with
+// EXL3_AB_PATHS only: by default the warps prepare their own x', which is faster, kernels/PERF.md); the instances the
 // planner (exl3_plan.cu) asks for through i8_gemv_kernel: every rate of EXL3_RATES, four row classes each. The fused
 // MoE (exl3_moe.cuh) is compiled at the end of this file, in the same translation unit.
 #include <cuda_fp16.h>
@@ -23,6 +24,7 @@ __global__ void __launch_bounds__(kWarpsI8 * 32, kMinBlocksI8) gemv_i8_kernel(co
   i8_segment<K2, kRowCap, kWarpsI8>(p, smem, blockIdx.x, c0, c1 - c0, split, p.ksplit);
 }
 
+#ifdef EXL3_AB_PATHS
 // The integer kernel's x' for 2+ rows, done once per call instead of once per GEMV block: block (split, row)
 // transforms that row's slice of input chunks, finds its maximum and writes the packed 16-bit x' in exactly the
 // layout the GEMV block of that split copies into shared memory ([split][slab][group][32] words), plus
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) xprep_i8_kernel(const __half* x, con
     dq[split * m + row] = make_float2(amax / kQMax, __int_as_float(qsum));
   }
 }
+#endif  // EXL3_AB_PATHS
 
 // ---------------------------------------------------------------------------------------------------------------
 // The compiled instances (EXL3_RATES, mul1): what the planner launches
@@ -94,7 +97,11 @@ bool i8_gemv_kernel(int k2, int rows, KernelInfo* out) {
   return false;
 }
 
+#ifdef EXL3_AB_PATHS
 const void* i8_xprep_kernel() { return reinterpret_cast<const void*>(xprep_i8_kernel); }
+#else
+const void* i8_xprep_kernel() { return nullptr; }  // an A/B path: not in the product build
+#endif
 
 }  // namespace exl3
 

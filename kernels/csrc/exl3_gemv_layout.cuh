@@ -141,10 +141,11 @@ struct KernelInfo {
 };
 
 // The kernel families' entry points, each defined in its own file (the rates: EXL3_RATES, exl3_common.cuh).
-// exl3_gemv.cu: the fp16 kernel of (k2, codebook), and its x' kernel.
+// exl3_gemv.cu: the fp16 kernel of (k2, codebook) (false for mul1 without EXL3_AB_PATHS), and its x' kernel.
 bool fp16_gemv_kernel(int k2, int codebook, KernelInfo* out);
 const void* fp16_xprep_kernel();
-// exl3_gemv_i8.cu: the integer (mul1) kernel of k2 for `rows` rows (its row class), and its x' kernel.
+// exl3_gemv_i8.cu: the integer (mul1) kernel of k2 for `rows` rows (its row class), and its x' kernel (nullptr
+// without EXL3_AB_PATHS).
 bool i8_gemv_kernel(int k2, int rows, KernelInfo* out);
 const void* i8_xprep_kernel();
 // exl3_moe.cuh: the fused MoE's one-row kernel of k2 (act_in: the down projection, whose input is act(gate) * up),

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <forward_list>
 #include <mutex>
 
 #include "exl3_gemv.h"
@@ -20,9 +21,12 @@ namespace exl3 {
 
 // The process's tuning: the defaults, overridden once by the environment (so a whole run can be switched from the
 // shell), afterwards only by exl3_gemv_set_tuning. Every plan takes a copy, so a change never reaches half a call.
+// Published as an immutable snapshot behind one atomic pointer: a launch reads it with one load and takes no lock;
+// the mutex orders only the publishers. Snapshots live until exit (a plan may still be copying the one a new
+// exl3_gemv_set_tuning replaces; benches set it a handful of times per process).
 std::mutex g_tuning_mu;
-Exl3GemvTuning g_tuning;
-bool g_tuning_ready = false;
+std::forward_list<Exl3GemvTuning> g_tuning_snapshots;  // owned here, guarded by g_tuning_mu
+std::atomic<const Exl3GemvTuning*> g_tuning{nullptr};
 
 int env_int(const char* name, int fallback) {
   const char* v = getenv(name);
@@ -41,13 +45,21 @@ Exl3GemvTuning tuning_from_env() {
   return t;
 }
 
-Exl3GemvTuning current_tuning() {
+// Publishes t as the tuning (when `only_first`, only if none is published yet). Caller holds no lock.
+void publish_tuning(const Exl3GemvTuning& t, bool only_first) {
   std::lock_guard<std::mutex> lock(g_tuning_mu);
-  if (!g_tuning_ready) {
-    g_tuning = tuning_from_env();
-    g_tuning_ready = true;
+  if (only_first && g_tuning.load(std::memory_order_relaxed) != nullptr) return;
+  g_tuning_snapshots.push_front(t);
+  g_tuning.store(&g_tuning_snapshots.front(), std::memory_order_release);
+}
+
+Exl3GemvTuning current_tuning() {
+  const Exl3GemvTuning* t = g_tuning.load(std::memory_order_acquire);
+  if (t == nullptr) {
+    publish_tuning(tuning_from_env(), true);
+    t = g_tuning.load(std::memory_order_acquire);
   }
-  return g_tuning;
+  return *t;
 }
 
 // The kernel of a call: mul1 through the integer kernel up to the tuning's i8_max_rows (default 8: it beats the fp16
@@ -68,6 +80,7 @@ int fail_cuda(cudaError_t e, const char* what) {
 // What the planner needs to know about a device, asked of the runtime once per device: a launch then costs no
 // attribute query.
 struct DeviceInfo {
+  int dev;         // the device's ordinal
   int sms;         // multiprocessors
   int smem_optin;  // shared memory one block may have: 99 KiB on sm_120/121, 227 KiB on sm_90
   int major;       // compute capability (PDL needs 9+)
@@ -90,6 +103,7 @@ int device_info(DeviceInfo* out) {
     return EXL3_OK;
   }
   DeviceInfo d{};
+  d.dev = dev;
   e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute(multiprocessors)");
   e = cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
@@ -104,6 +118,54 @@ int device_info(DeviceInfo* out) {
     }
   }
   *out = d;
+  return EXL3_OK;
+}
+
+// The dynamic shared memory ceiling of a kernel (cudaFuncAttributeMaxDynamicSharedMemorySize), set once per (device,
+// kernel) to the most that kernel can have on that device (the opt-in limit less its static shared memory): every
+// plan's smem is within it, so a launch (or a CUDA-graph capture) makes no attribute call. The ceiling only admits a
+// launch's dynamic shared memory; occupancy and the carveout follow what each launch asks for, as before. Kept in a
+// lock-free table keyed by the kernel's entry point (the compiled kernels are about a hundred), one bit per device.
+struct SmemCeiling {
+  std::atomic<const void*> fn{nullptr};
+  std::atomic<uint64_t> devices{0};  // bit d: the ceiling is set on device d
+};
+static_assert(kMaxDevices <= 64, "one bit per device in SmemCeiling::devices");
+constexpr int kCeilingSlots = 512;
+SmemCeiling g_ceilings[kCeilingSlots];
+
+// The slot of fn (claimed if new), or nullptr when the table is full.
+SmemCeiling* ceiling_slot(const void* fn) {
+  const uintptr_t h = reinterpret_cast<uintptr_t>(fn);
+  const int start = static_cast<int>((h >> 4) % kCeilingSlots);
+  for (int i = 0; i < kCeilingSlots; ++i) {
+    SmemCeiling& s = g_ceilings[(start + i) % kCeilingSlots];
+    const void* have = s.fn.load(std::memory_order_acquire);
+    if (have == fn) return &s;
+    if (have == nullptr) {
+      const void* expected = nullptr;
+      if (s.fn.compare_exchange_strong(expected, fn, std::memory_order_acq_rel) || expected == fn) return &s;
+    }
+  }
+  return nullptr;
+}
+
+// Makes sure fn may be launched with `smem` bytes of dynamic shared memory on device d.
+int ensure_smem(const void* fn, int smem, const DeviceInfo& d) {
+  SmemCeiling* s = d.dev >= 0 && d.dev < kMaxDevices ? ceiling_slot(fn) : nullptr;
+  const uint64_t bit = s != nullptr ? uint64_t{1} << d.dev : 0;
+  if (s != nullptr && (s->devices.load(std::memory_order_acquire) & bit) != 0) return EXL3_OK;
+  if (s == nullptr) {  // no slot (a device past kMaxDevices, a full table): set it for this launch, as before
+    const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    return e == cudaSuccess ? EXL3_OK : fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  }
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncGetAttributes");
+  const int most = d.smem_optin - static_cast<int>(attr.sharedSizeBytes);
+  e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most > smem ? most : smem);
+  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  s->devices.fetch_or(bit, std::memory_order_acq_rel);
   return EXL3_OK;
 }
 
@@ -158,6 +220,7 @@ struct Plan {
   int max_chunks;  // most input chunks one block holds
   size_t partial_floats, xprep_halfs;
   size_t workspace_ints;  // the zeroed int32 workspace (p->counters): counters, then the ticket or fixed-point slots
+  DeviceInfo dev;         // the device it was planned for
 };
 
 // The splits a call accepts: at most kMaxChunksPerBlock (fp16 kernel) or kMaxChunksPerBlockI8 chunks per block, a
@@ -210,12 +273,14 @@ int plan_with(const Exl3GemvParams* p, const Exl3GemvTuning& t, int batch, Plan*
               const KernelInfo* kernel = nullptr) {
   int st = check_shape(p->m, p->in_features, p->out_features, p->k2, p->codebook);
   if (st != EXL3_OK) return st;
+  // the shape rule passed, so the rate is compiled: a kernel missing here is an A/B path of a bench build
   if (kernel != nullptr) pl->k = *kernel;
-  else if (!find_kernel(p->k2, p->codebook, p->m, t, &pl->k)) return EXL3_ERR_BITS;
-  DeviceInfo d;
+  else if (!find_kernel(p->k2, p->codebook, p->m, t, &pl->k)) return EXL3_ERR_AB_PATH;
+  DeviceInfo& d = pl->dev;
   st = device_info(&d);
   if (st != EXL3_OK) return st;
   pl->xprep = uses_xprep(p, pl->k, t);
+  if (pl->xprep && pl->k.groups > 0 && i8_xprep_kernel() == nullptr) return EXL3_ERR_AB_PATH;
   pl->pdl = d.major >= 9 && t.pdl != 0;
   st = ksplit_range(p, d, t, pl);
   if (st != EXL3_OK) return st;
@@ -349,11 +414,11 @@ extern "C" int exl3_moe_launch(const Exl3MoeParams* p, cudaStream_t stream) {
   one.in_features = p->in_features;
   one.out_features = p->out_features;
   const int smem = smem_for_chunks(&one, pl.k, pl.max_chunks, false);
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  const int sst = ensure_smem(fn, smem, pl.dev);
+  if (sst != EXL3_OK) return sst;
   void* args[] = {&a};
   const dim3 grid(p->out_features / 128, pl.ksplit, p->slots * p->nproj);
-  e = launch(fn, grid, smem, stream, args, pl.pdl, pl.k.warps * 32);
+  const cudaError_t e = launch(fn, grid, smem, stream, args, pl.pdl, pl.k.warps * 32);
   if (e != cudaSuccess) return fail_cuda(e, "MoE kernel launch");
   return EXL3_OK;
 }
@@ -384,10 +449,11 @@ extern "C" int exl3_gemv_supports(int m, int in_features, int out_features, int 
 
 extern "C" void exl3_gemv_get_tuning(Exl3GemvTuning* t) { *t = exl3::current_tuning(); }
 
-extern "C" void exl3_gemv_set_tuning(const Exl3GemvTuning* t) {
-  std::lock_guard<std::mutex> lock(exl3::g_tuning_mu);
-  exl3::g_tuning = *t;
-  exl3::g_tuning_ready = true;
+extern "C" void exl3_gemv_set_tuning(const Exl3GemvTuning* t) { exl3::publish_tuning(*t, false); }
+
+extern "C" int exl3_gemv_ab_paths(void) {
+  exl3::KernelInfo k;
+  return exl3::i8_xprep_kernel() != nullptr && exl3::fp16_gemv_kernel(2, 2, &k) ? 1 : 0;
 }
 
 extern "C" int exl3_gemv_plan(const Exl3GemvParams* p, int* ksplit, size_t* partial_floats, size_t* xprep_halfs,
@@ -462,8 +528,8 @@ extern "C" int exl3_gemv_launch(const Exl3GemvParams* p, cudaStream_t stream) {
   }
   const void* fn = pl.k.fn;
   const int smem = smem_for_chunks(p, pl.k, pl.max_chunks, a.xprep != nullptr);
-  e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute(max dynamic shared memory)");
+  const int sst = ensure_smem(fn, smem, pl.dev);
+  if (sst != EXL3_OK) return sst;
   void* args[] = {&a};
   e = launch(fn, dim3(p->out_features / 128, ks), smem, stream, args, pl.pdl, pl.k.warps * 32);
   if (e != cudaSuccess) return fail_cuda(e, "kernel launch");
@@ -483,6 +549,9 @@ extern "C" const char* exl3_gemv_error_string(int status) {
     case EXL3_ERR_ALIGN: return "EXL3 GEMV: every tensor must be 16-byte aligned and the scratch buffers present";
     case EXL3_ERR_MOE_CODEBOOK:
       return "EXL3 fused MoE takes the mul1 codebook only (3inst and mcg experts run per expert through the GEMV)";
+    case EXL3_ERR_AB_PATH:
+      return "EXL3 GEMV: the tuning asks for an A/B path (mul1 through the fp16 kernel, or the integer kernel's x' "
+             "kernel) that the product build leaves out; build with SPARKCTL_EXL3_AB_PATHS=1 (kernels/README.md)";
     case EXL3_ERR_CUDA: return exl3::g_error;
     default: return "EXL3 GEMV: unknown status";
   }

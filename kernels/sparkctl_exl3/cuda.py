@@ -87,7 +87,18 @@ def build_dir() -> Path:
     if not os.environ.get("SPARKCTL_CACHE_DIR"):
         root = root / "sparkctl"
     tag = f"torch{torch.__version__}-cuda{torch.version.cuda}".replace("+", "_")
+    if ab_paths_requested():
+        tag += "-ab"  # the bench build has its own folder, so it never replaces the product build
     return root / "exl3-ext" / tag
+
+
+def ab_paths_requested() -> bool:
+    """Whether this process builds the extension with the A/B paths (``SPARKCTL_EXL3_AB_PATHS=1``).
+
+    Why opt-in: mul1 through the fp16 kernel and the integer kernel's x' kernel are only ever taken under a bench's
+    tuning (the defaults are faster), so the product build leaves their kernels out (kernels/csrc/exl3_gemv.cu);
+    ``kernels/bench/run.py`` sets it to check and time them."""
+    return os.environ.get("SPARKCTL_EXL3_AB_PATHS", "") == "1"
 
 
 def build(verbose: bool = False) -> ModuleType:
@@ -116,6 +127,7 @@ def build(verbose: bool = False) -> ModuleType:
             "-O3",
             "-std=c++17",
             "-lineinfo",
+            *(["-DEXL3_AB_PATHS"] if ab_paths_requested() else []),
             *shlex.split(os.environ.get("SPARKCTL_EXL3_NVCC_FLAGS", "")),
         ],
         build_directory=str(out),
@@ -180,6 +192,12 @@ def supports(
 def tuning() -> dict[str, int]:
     """The planner's tuning (``Exl3GemvTuning``): read from the environment once, then only by :func:`set_tuning`."""
     return dict(_module_or_raise().tuning())
+
+
+def ab_paths() -> bool:
+    """Whether the loaded build has the A/B paths' kernels (see :func:`ab_paths_requested`); a tuning that needs them
+    makes every call it reaches fail with a sentence saying so in the product build."""
+    return bool(_module_or_raise().ab_paths())
 
 
 def set_tuning(**changes: int) -> None:

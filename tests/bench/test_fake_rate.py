@@ -18,6 +18,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_client import run  # noqa: E402
 from fixed_rate_server import FixedRateServer  # noqa: E402
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 
 def test_decode_rate_within_2_percent_of_a_known_rate() -> None:
     res = run(interval_s=0.005, tokens=120, requests=4)

@@ -108,6 +108,7 @@ def test_render_shell_is_a_docker_run_for_docker_recipes() -> None:
     assert "  serve /models/glm-5.3-flash \\" in lines  # the prepare overlay (its chat template)
 
 
+@pytest.mark.slow
 def test_render_shell_runs_in_a_real_shell() -> None:
     """The rendered native command is valid shell: run it with the engine swapped for a script that
     prints one of the recipe's env vars and the arguments it received."""
@@ -243,6 +244,7 @@ def sparkctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -272,6 +274,7 @@ def test_bad_input_exits_2_without_a_traceback(args: tuple[str, ...], message: s
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_list_piped_is_one_line_per_recipe() -> None:
     """`sparkctl list | grep docker` must see whole records: no description folded onto a second line."""
     proc = sparkctl("list")
@@ -283,6 +286,7 @@ def test_list_piped_is_one_line_per_recipe() -> None:
     assert glm.endswith("64k context on one Spark")
 
 
+@pytest.mark.slow
 def test_malformed_recipe_file_in_a_process(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema: 1\nmodel:\n  repo: a/b\n   x: 1\n")
@@ -292,6 +296,7 @@ def test_malformed_recipe_file_in_a_process(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_list_in_a_process_with_a_broken_recipe_still_lists(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("schema: 1\nbogus: 1\n")
     proc = sparkctl("list", env={"SPARKCTL_RECIPES_DIR": str(tmp_path)})

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "vllm", "docker", "httpx", "huggingface_hub", "numpy", "psutil", "transformers")
 

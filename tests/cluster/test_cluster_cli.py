@@ -18,7 +18,7 @@ from sshd import Sshd, sshd_missing, start_sshd
 REPO = Path(__file__).resolve().parents[2]
 GLM = "glm-5.3-flash-4bpw-2x"
 ON_LO = ["--set", "cluster.interface=lo", "--set", "cluster.ib_hca=[]"]  # the tree's netdev is `lo`
-pytestmark = pytest.mark.skipif(bool(sshd_missing()), reason=sshd_missing() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(sshd_missing()), reason=sshd_missing() or "")]
 
 
 @pytest.fixture(scope="module")

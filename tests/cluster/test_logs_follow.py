@@ -24,7 +24,7 @@ from sparkctl.cluster.nodes import Node, parse_node
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESS = "127.0.0.2"
-pytestmark = pytest.mark.skipif(bool(sshd_missing()), reason=sshd_missing() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(sshd_missing()), reason=sshd_missing() or "")]
 
 
 @pytest.fixture(scope="module")

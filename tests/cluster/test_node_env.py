@@ -13,6 +13,9 @@ from sparkctl.cluster.nodes import Node
 from sparkctl.cluster.probe import probe
 from sparkctl.recipe.schema import ClusterSpec
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 
 def at(root: Path, name: str = "localhost") -> Node:
     """This machine, with its files read from `root`."""

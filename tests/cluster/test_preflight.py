@@ -37,6 +37,7 @@ def failing(report: ClusterReport) -> dict[tuple[str, str], str]:
     return {(f.node, f.check): f.detail for f in report.findings if f.status == "fail"}
 
 
+@pytest.mark.slow
 def test_two_matching_nodes_pass_with_their_own_gid_index(tmp_path: Path) -> None:
     nodes = two_nodes(tmp_path, worker_gid=5)
     req = ProbeRequest(model=ModelProbe(REPO, "main"), memory_bytes=1 * GiB)
@@ -48,6 +49,7 @@ def test_two_matching_nodes_pass_with_their_own_gid_index(tmp_path: Path) -> Non
     assert {("head", "model"), ("worker", "model"), ("head", "memory"), ("all", "clock")} <= checks
 
 
+@pytest.mark.slow
 def test_a_different_model_revision_and_too_little_memory_fail(tmp_path: Path) -> None:
     nodes = two_nodes(tmp_path, worker_rev="b" * 40)
     req = ProbeRequest(model=ModelProbe(REPO, "main"), memory_bytes=400 * GiB)
@@ -57,6 +59,7 @@ def test_a_different_model_revision_and_too_little_memory_fail(tmp_path: Path) -
     assert "the plan needs 400.0 GiB" in fails[("worker", "memory")]
 
 
+@pytest.mark.slow
 def test_a_model_missing_on_the_worker(tmp_path: Path) -> None:
     nodes = two_nodes(tmp_path)
     shutil.rmtree(Path(nodes[1].sysroot) / "hub")
@@ -72,6 +75,7 @@ def test_clocks_more_than_a_second_apart_fail() -> None:
     assert clock.status == "fail" and "2.5 s" in clock.detail and "timedatectl set-ntp true" in clock.fix
 
 
+@pytest.mark.slow
 def test_an_unreachable_node_is_a_finding_not_a_crash(tmp_path: Path) -> None:
     nodes = [*two_nodes(tmp_path)[:1], Node("127.0.0.2:1", "127.0.0.2", port=1)]
     report = check_cluster(nodes, ClusterSpec(), ProbeRequest())
@@ -102,6 +106,7 @@ def test_image_digest_and_ray_in_the_image(tmp_path: Path) -> None:
     assert "not on this node" in failing(absent)[("head", "image")]
 
 
+@pytest.mark.slow
 def test_plan_cluster_raises_one_line_per_kind(tmp_path: Path) -> None:
     from sparkctl.cluster.plan import plan_cluster
     from sparkctl.errors import RuntimeFailure, UserError

@@ -13,7 +13,7 @@ from sshd import Sshd, sshd_missing, start_sshd
 from sparkctl.cluster.nodes import Node, NodeAuthRefused, NodeUnreachable, parse_node
 from sparkctl.cluster.probe import probe
 
-pytestmark = pytest.mark.skipif(bool(sshd_missing()), reason=sshd_missing() or "")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(sshd_missing()), reason=sshd_missing() or "")]
 ADDRESS = "127.0.0.2"
 
 

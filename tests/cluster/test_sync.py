@@ -107,6 +107,7 @@ def make_model(path: Path, shard: bytes = b"\x01" * 4096) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_copies_once_then_nothing(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARKCTL_SSH_OPTS", sshd.opts())
     model = make_model(tmp_path / "models" / "tiny")
@@ -125,6 +126,7 @@ def test_copies_once_then_nothing(sshd: Sshd, tmp_path: Path, monkeypatch: pytes
     assert (copy / "model-00001-of-00001.safetensors").read_bytes() == b"\x02" * 8192
 
 
+@pytest.mark.slow
 def test_hub_cache_keeps_its_links(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARKCTL_SSH_OPTS", sshd.opts())
     repo = tmp_path / "hub" / "models--org--tiny"
@@ -147,6 +149,7 @@ def test_hub_cache_keeps_its_links(sshd: Sshd, tmp_path: Path, monkeypatch: pyte
     assert link.is_symlink() and link.read_text() == '{"model_type": "llama"}'
 
 
+@pytest.mark.slow
 def test_no_space_is_one_line(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARKCTL_SSH_OPTS", sshd.opts())
     model = make_model(tmp_path / "big", shard=os.urandom(4 << 20))
@@ -164,6 +167,7 @@ def test_no_space_is_one_line(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.Mo
         subprocess.run(["umount", str(wroot)], check=True)
 
 
+@pytest.mark.slow
 def test_refused_and_unreachable(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_model(tmp_path / "m")
     monkeypatch.setenv("SPARKCTL_SSH_OPTS", sshd.opts(sshd.other_key))
@@ -176,6 +180,7 @@ def test_refused_and_unreachable(sshd: Sshd, tmp_path: Path, monkeypatch: pytest
         sync_model(HEAD, worker(gone, tmp_path / "w"), ModelProbe(str(model)))
 
 
+@pytest.mark.slow
 def test_image_loaded_when_the_digest_differs(
     sshd: Sshd, second_engine: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,6 +214,7 @@ def _hub_repo(hub: Path, files: Path, rev: str) -> Path:
     return repo
 
 
+@pytest.mark.slow
 def test_cli_copies_a_hub_model_once(sshd: Sshd, worker_hub: Path, tmp_path: Path) -> None:
     """Through the CLI: a hub-repo recipe; the worker's SSH sessions have their own HF_HUB_CACHE
     (sshd SetEnv), so the copy crosses for real; a second run copies nothing; a refused key is one line."""

@@ -40,6 +40,7 @@ def rendered() -> str:
     )
 
 
+@pytest.mark.slow
 def test_compose_file_is_in_sync_with_the_recipe() -> None:
     expected = rendered()
     assert COMPOSE.read_text() == expected, "docker/compose.yml is out of date: run scripts/render-compose.sh"

@@ -206,6 +206,7 @@ def test_the_engine_parses_it(docker_client, test_image, tmp_path, ins) -> None:
     assert "the base image lacks: python3" in text and "APT_INSTALL=0" in text, text[-2000:]
 
 
+@pytest.mark.slow
 def test_smoke_script_checks_plugin_model_classes_and_kernels() -> None:
     """docker/smoke.py in this venv (vLLM CPU): the entry point vLLM loads is found and imports, a model
     class this vLLM lacks is named, and the kernel check fails the way a CPU-only torch makes it fail,
@@ -245,6 +246,7 @@ def test_pin_defaults_are_sparkctls_pins(ins) -> None:
         assert args.get(key) == value, f"ARG {key}={args.get(key)} but sparkctl/pins.py says {value}"
 
 
+@pytest.mark.slow
 def test_hadolint_clean() -> None:
     import shutil
     import subprocess

@@ -86,6 +86,7 @@ def built_tag() -> str:
     return detail
 
 
+@pytest.mark.slow
 def test_make_test_builds_the_image_before_the_tests(tmp_path) -> None:
     """CI runs exactly `make test`: the image build must be one of its steps, before pytest."""
     venv = tmp_path / "venv"  # -n prints the recipes without running them; nothing lands in the repo
@@ -100,6 +101,7 @@ def test_make_test_builds_the_image_before_the_tests(tmp_path) -> None:
     assert lines.index(gate) < pytest_line
 
 
+@pytest.mark.slow
 def test_no_engine_skips_with_its_reason_unless_required(tmp_path) -> None:
     """Where no base can be made (here: no engine answering) the build is skipped with that reason and
     sparkctl is never asked; SPARKCTL_REQUIRE_DOCKER=1 makes it a failure, as for the docker tests."""

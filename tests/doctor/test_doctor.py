@@ -254,6 +254,7 @@ def test_probe_disk_sizes_a_recipe_without_expected_bytes_by_its_weights() -> No
 # ------------------------------------------------------------------------------------ the real host
 
 
+@pytest.mark.slow
 def test_run_checks_on_this_host() -> None:
     checks = run_checks()
     assert [c.name for c in checks] == [n for n in CHECK_NAMES if n not in ("hf-token", "verified")]
@@ -339,6 +340,7 @@ def sparkctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 def test_doctor_json_exit_code_follows_failures() -> None:
     r = sparkctl("doctor", "--json")
     data = json.loads(r.stdout)
@@ -347,12 +349,14 @@ def test_doctor_json_exit_code_follows_failures() -> None:
     assert r.returncode == (1 if failed else 0)
 
 
+@pytest.mark.slow
 def test_doctor_table() -> None:
     r = sparkctl("doctor", "--only", "arch", "--only", "memory")
     assert r.returncode == 0, r.stderr
     assert "arch" in r.stdout and "memory" in r.stdout and "passed" in r.stdout
 
 
+@pytest.mark.slow
 def test_doctor_recipe_scoping(tmp_path: Path) -> None:
     env = {"SPARKCTL_CACHE_DIR": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf")}
     r = sparkctl("doctor", "tiny", "--json", env=env)
@@ -370,6 +374,7 @@ def test_doctor_recipe_scoping(tmp_path: Path) -> None:
         assert by["gpu"]["status"] == "fail" and "glm-5.3-flash needs a CUDA GPU" in by["gpu"]["detail"]
 
 
+@pytest.mark.slow
 def test_doctor_user_errors() -> None:
     r = sparkctl("doctor", "no-such-recipe")
     assert r.returncode == 2 and "unknown recipe" in r.stderr and "Traceback" not in r.stderr

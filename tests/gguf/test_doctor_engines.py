@@ -57,6 +57,7 @@ def test_freetoken_says_where_it_cannot_run() -> None:
     )
 
 
+@pytest.mark.slow
 def test_engine_checks_only_for_their_recipes() -> None:
     from sparkctl.planner import plan
     from sparkctl.recipe import load_recipe
@@ -71,6 +72,7 @@ def test_engine_checks_only_for_their_recipes() -> None:
     assert "llama.cpp" not in names
 
 
+@pytest.mark.slow
 def test_probe_the_installed_llama_server(llama_server: Path) -> None:
     info = engine_bins.probe_llama_server(str(llama_server))
     assert info.error is None and info.build == LLAMA_CPP_BUILD and info.cuda is False  # the CPU build
@@ -78,6 +80,7 @@ def test_probe_the_installed_llama_server(llama_server: Path) -> None:
     assert c.status == "pass" and str(llama_server) in c.detail and "CPU only" in c.detail
 
 
+@pytest.mark.slow
 def test_probe_the_installed_freetoken(freetoken_python: Path) -> None:
     facts = doctor.probe_freetoken(needs(None, gpu=False, recipe=None))
     assert facts.error is None and facts.version == engine_bins.FREETOKEN_VERSION

@@ -17,6 +17,9 @@ import pytest
 from sparkctl.planner import plan
 from sparkctl.recipe import builtin_names, load_recipe
 
+# starts processes (tests/conftest.py, process_guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parent
 FT_RECIPES = [n for n in builtin_names() if load_recipe(n).engine.name == "freetoken"]
 EVERYTHING = (

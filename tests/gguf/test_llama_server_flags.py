@@ -62,6 +62,7 @@ def help_flags(help_text: str) -> set[str]:
     return flags
 
 
+@pytest.mark.slow
 def test_it_is_the_pinned_build(llama_server: Path) -> None:
     info = engine_bins.probe_llama_server(str(llama_server))
     assert info.build == engine_bins.LLAMA_CPP_BUILD, info
@@ -71,6 +72,7 @@ def rendered(name: str, sets: tuple[str, ...]) -> list[str]:
     return list(plan(load_recipe(name, sets), check_memory=False).argv)[1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "sets"), VARIANTS, ids=[f"{n}{'+all' if s else ''}" for n, s in VARIANTS])
 def test_every_flag_is_in_its_help(
     help_text: str, help_flags: set[str], name: str, sets: tuple[str, ...]
@@ -103,6 +105,7 @@ def _offline(args: list[str], model: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "sets"), VARIANTS, ids=[f"{n}{'+all' if s else ''}" for n, s in VARIANTS])
 def test_llama_servers_parser_takes_the_command(
     llama_server: Path, tmp_path: Path, name: str, sets: tuple[str, ...]

@@ -12,6 +12,9 @@ import pytest
 
 from sparkctl.planner import engine_bins
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "llama-server.sh"
 
 

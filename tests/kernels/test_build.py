@@ -32,10 +32,13 @@ def _load_build_module():
 build_kernels = _load_build_module()
 NVCC = build_kernels.find_nvcc()
 
-# The rates x codebooks the GEMV instantiates: K 1..8 with 3inst/mcg/mul1, and 1.5/2.5/3.5 with mul1.
-EXPECTED_GEMV = {f"gemv K={k} {cb}" for k in range(1, 9) for cb in ("3inst", "mcg", "mul1")} | {
+# The rates x codebooks of the shape rule: K 1..8 with 3inst/mcg/mul1, and 1.5/2.5/3.5 with mul1.
+EVERY_RATE = {f"gemv K={k} {cb}" for k in range(1, 9) for cb in ("3inst", "mcg", "mul1")} | {
     f"gemv K={k} mul1" for k in ("1.5", "2.5", "3.5")
 }
+# The fp16 GEMV's instances in the product build: 3inst and mcg; mul1 runs through the integer kernel below, and
+# mul1 through the fp16 kernel is a bench-only A/B path (EXL3_AB_PATHS, kernels/csrc/exl3_gemv.cu).
+EXPECTED_GEMV = {label for label in EVERY_RATE if not label.endswith("mul1")}
 # mul1 (1 to 8 rows) also runs through the integer-tensor-core kernel, one instance per rate and row class (one
 # row; 2 and 3-4 rows on one column group; 5-8 rows on two)
 EXPECTED_GEMV_I8 = {
@@ -45,7 +48,7 @@ EXPECTED_GEMV_I8 = {
 }
 
 # The prefill path's reconstruction (exl3_recon.cu): the same rates and codebooks as the GEMV's shape rule
-EXPECTED_RECON = {label.replace("gemv", "recon", 1) for label in EXPECTED_GEMV}
+EXPECTED_RECON = {label.replace("gemv", "recon", 1) for label in EVERY_RATE}
 
 
 def _load_bench_module(name: str):
@@ -58,10 +61,10 @@ def _load_bench_module(name: str):
 
 def test_the_benches_read_the_rates_the_kernels_compile() -> None:
     """The one list of compiled rates (EXL3_RATES in csrc/exl3_common.cuh), as the Python benches read it, is the
-    set `make kernels` must build (EXPECTED_GEMV above, written out by hand), in the benches' order."""
+    set of rates and codebooks the shape rule takes (EVERY_RATE above, written out by hand), in the benches' order."""
     rates = _load_bench_module("compiled_rates")
     labels = {f"gemv K={build_kernels._bits(k2)} {cb}" for k2, cb in rates.pairs()}
-    assert labels == EXPECTED_GEMV
+    assert labels == EVERY_RATE
     assert rates.rates_k2() == (2, 4, 6, 8, 10, 12, 14, 16, 3, 5, 7)
     assert rates.codebooks(5) == ("mul1",) and rates.codebooks(9) == ()
 
@@ -92,6 +95,7 @@ def nvcc_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return out, proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
 def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str) -> None:
     out, stdout = nvcc_build
@@ -111,6 +115,7 @@ def test_kernels_compile_without_spills(nvcc_build: tuple[Path, str], arch: str)
     assert "0 spilling" in stdout
 
 
+@pytest.mark.slow
 def test_bench_drivers_compile(tmp_path: Path) -> None:
     """The torch-free device drivers (A/B timing of the GEMV and of the reconstruction, phase timing, pipe rates) still build against the kernel source:
     they are only run on the GPU machine, where a broken one would cost device time to find out."""
@@ -149,6 +154,7 @@ def test_bench_drivers_compile(tmp_path: Path) -> None:
         assert proc.returncode == 0, f"{name} does not compile:\n{out}"
 
 
+@pytest.mark.slow
 def test_build_reports_compile_errors(tmp_path: Path) -> None:
     """A broken kernel must fail the build with nvcc's message, not pass silently."""
     if NVCC is None:
@@ -227,6 +233,7 @@ int main(int argc, char** argv) {  // m I O k2 codebook, repeated: one status pe
 """
 
 
+@pytest.mark.slow
 def test_the_one_shape_rule(nvcc_build: tuple[Path, str], tmp_path: Path) -> None:
     """exl3_gemv_supports, the rule the binding, the ops (through cuda.supports) and the bench all ask, run on the
     host from the built object (it touches no device, so it runs here)."""
@@ -300,6 +307,7 @@ def test_tuning_refuses_unknown_fields() -> None:
         cuda.set_tuning(mul1_path=1)
 
 
+@pytest.mark.slow
 def test_bench_refuses_without_gpu() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -313,6 +321,7 @@ def test_bench_refuses_without_gpu() -> None:
     assert "no CUDA device" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_build_command_explains_itself_and_rejects_anything_else() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "sparkctl_exl3.cuda", *args]
@@ -349,6 +358,7 @@ int main(int argc, char** argv) {
 """
 
 
+@pytest.mark.slow
 def test_reconstruction_refuses_bad_launches_on_the_host(
     nvcc_build: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -386,6 +396,7 @@ def test_reconstruction_refuses_bad_launches_on_the_host(
     assert lines[-1] == f"supports {EXL3_OK} {EXL3_ERR_CODEBOOK}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
 def test_ngram_lookup_kernel_is_built(nvcc_build: tuple[Path, str], arch: str) -> None:
     """`make kernels` builds the n-gram (PLE) lookup kernel too (its spills are checked with the others above)."""

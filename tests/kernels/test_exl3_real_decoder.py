@@ -179,6 +179,7 @@ def test_ngram_table_decodes_as_exllamav3_decodes_it(name: str) -> None:
     print(f"\n{name}: {table.num_rows} n-gram rows, {exact:.2%} bit-equal")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", MAKE.SPEC_SOURCES)
 def test_source_spec_matches_transformers(kind: str, tmp_path) -> None:  # noqa: ANN001
     """sources/<kind>.json (what make_fixtures.py writes the Glm5Next / Qwen4Exp sources from, on a device without

@@ -12,7 +12,10 @@ import torch
 from sparkctl_exl3 import checkpoint
 from sparkctl_exl3.vllm_plugin.forward import ExpertWeights, ShardWeights, exl3_moe_forward, fused_tables
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 HIDDEN, WIDTH = 256, 384
 

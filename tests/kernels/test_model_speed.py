@@ -117,6 +117,7 @@ def test_safetensors_layout_and_fills(ms, tmp_path: Path) -> None:
         assert 1.0 < float(st.get_tensor("e.weight").float().std()) < 3.0
 
 
+@pytest.mark.slow
 def test_tiny_checkpoint_passes_the_loaders(ms, tmp_path: Path) -> None:
     """Both depths: safetensors' reader, the plugin's name rules, exllamav3's loader (where installed) and vLLM's
     model config (where installed) accept them; the shallow one hard-links the deep one's files."""

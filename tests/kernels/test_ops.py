@@ -117,6 +117,7 @@ def test_compile_fullgraph() -> None:
         assert torch.equal(compiled(x), layer(x))
 
 
+@pytest.mark.slow
 def test_compile_inductor() -> None:
     """One tiny case through inductor, the backend vLLM uses: the op stays an opaque call around fused code."""
     trellis, suh, svh = _random_layer(8, 8, 2, seed=13)
@@ -210,6 +211,7 @@ def test_cuda_kernel_probe_without_extension(monkeypatch: pytest.MonkeyPatch) ->
         assert ops.cuda_kernel() is None  # whatever sparkctl_exl3.cuda is, without a GPU it is not available
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 8, 33])
 def test_cuda_op_matches_reference(rows: int) -> None:
@@ -220,6 +222,7 @@ def test_cuda_op_matches_reference(rows: int) -> None:
     assert _rel(y.cpu(), expected) < 1e-3
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_capture() -> None:
     trellis, suh, svh = (t.cuda() for t in _random_layer(16, 24, 2, seed=12))
@@ -238,6 +241,7 @@ def test_cuda_graph_capture() -> None:
     assert not torch.equal(out, expected)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("codebook", ["mul1", "3inst"])  # the integer kernel and the fp16 kernel
 @pytest.mark.parametrize("rows", [1, 3, 5])  # mul1: fixed-point, ticket and fenced hand-overs
@@ -268,6 +272,7 @@ def test_cuda_split_k_hand_over(codebook: str, rows: int) -> None:
     assert int(workspace.count_nonzero()) == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("ksplit", [1, 4])
 @pytest.mark.parametrize("rows", [1, 3, 8])  # the integer kernel's hand-overs: fixed-point, ticket, fenced
@@ -305,6 +310,7 @@ def test_cuda_non_finite_and_overflow(rows: int, ksplit: int) -> None:
     assert _rel(y[small], expected[small]) < 1e-3
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_most_slices() -> None:
     """The integer kernel counts up to 255 slices per column (exl3_gemv_device.cuh, fixed_share); 256 is refused."""
@@ -320,6 +326,7 @@ def test_cuda_most_slices() -> None:
         cuda.gemv(x.cuda(), *layer, ksplit=256)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_workspace_follows_the_tuning() -> None:
     """A workspace size asked under one tuning does not serve a call planned under another.
@@ -330,6 +337,8 @@ def test_cuda_workspace_follows_the_tuning() -> None:
     """
     from sparkctl_exl3 import cuda
 
+    if not cuda.ab_paths():
+        pytest.skip("mul1 through the fp16 kernel is an A/B path: only in a SPARKCTL_EXL3_AB_PATHS=1 build")
     trellis, suh, svh = _random_layer(256, 512, 2, seed=41)  # 4096 x 8192: split at one row, 8192 columns
     x = torch.randn(1, 4096).half()
     expected = ref.matmul(x, trellis, suh, svh, "mul1")
@@ -349,6 +358,25 @@ def test_cuda_workspace_follows_the_tuning() -> None:
     assert _rel(y8.cpu().float(), expected) < 1e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_product_build_refuses_an_ab_tuning() -> None:
+    """The product build leaves the A/B paths' kernels out (kernels/csrc/exl3_gemv.cu): a tuning that needs one
+    makes the call fail with the sentence naming the bench build, and the default tuning serves the same layer."""
+    from sparkctl_exl3 import cuda
+
+    if cuda.ab_paths():
+        pytest.skip("this process loaded the bench build (SPARKCTL_EXL3_AB_PATHS=1)")
+    trellis, suh, svh = _random_layer(256, 512, 2, seed=43)
+    x = torch.randn(2, 4096).half()
+    args = (x.cuda(), trellis.cuda(), suh.cuda(), svh.cuda(), ref.CODEBOOKS.index("mul1"))
+    for change in ({"mul1_fp16": 1}, {"xprep_min_rows": 1}):
+        with cuda.tuned(**change), pytest.raises(RuntimeError, match="SPARKCTL_EXL3_AB_PATHS=1"):
+            cuda.gemv(*args)
+    assert _rel(cuda.gemv(*args).cpu().float(), ref.matmul(x, trellis, suh, svh, "mul1")) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # no split, so the warps' runs of slabs are 4 (unaligned), 7 (unaligned, across up to 3 chunks), 8 and 16 (aligned),
 # and 16 or 8 (28 chunks: whole chunks per warp, chunk_runs)
@@ -370,6 +398,7 @@ def test_cuda_rows_5_to_8(in_chunks: int) -> None:
         assert torch.equal(cuda.gemv(x[:rows].cuda(), *args, ksplit=1), y8[:rows]), rows
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 2, 4])
 def test_cuda_whole_chunk_runs(rows: int) -> None:

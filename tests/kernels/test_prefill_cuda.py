@@ -12,7 +12,10 @@ import torch
 from sparkctl_exl3 import ops
 from sparkctl_exl3 import reference as ref
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 def _layer(in_f: int, out_f: int, k2: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -326,6 +326,7 @@ def test_large_layer_is_decoded_in_chunks(monkeypatch: pytest.MonkeyPatch) -> No
     assert torch.equal(_bits16(ref.w_hat(trellis, "mul1")), _bits16(whole))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu() -> None:
     trellis, suh, svh = _random_layer(16, 16, 4, seed=7)

@@ -210,6 +210,7 @@ def test_an_edit_deep_in_the_closure_changes_the_fingerprint(tmp_path, monkeypat
     assert fetch.generator_fingerprint("fake") != before
 
 
+@pytest.mark.slow
 def test_local_model_path_of_an_uncached_repo_is_cheap(hf_cache, tmp_path):
     """`doctor` asks this for every hub recipe: a repo with no cache folder is answered without
     importing huggingface_hub's API client (~0.1 s), and a cached one is still found."""

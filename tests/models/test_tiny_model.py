@@ -38,6 +38,7 @@ def test_deterministic_and_shapes_match_config(tmp_path):
     assert (a / "model.safetensors").stat().st_size < 2_000_000
 
 
+@pytest.mark.slow
 def test_tokenizer_loads_in_transformers_with_chat_template(tmp_path):
     transformers = pytest.importorskip("transformers")
     make_tiny_llama(tmp_path)

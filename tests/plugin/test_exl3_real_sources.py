@@ -22,6 +22,7 @@ def _spec(kind: str) -> dict[str, list]:
     return json.loads((MAKE.SPEC_DIR / f"{kind}.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", WRITTEN)
 def test_source_model_loads_and_has_spread_logits(tmp_path: Path, kind: str) -> None:
     transformers = pytest.importorskip("transformers")

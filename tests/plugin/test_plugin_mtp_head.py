@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.vllm  # builds vLLM layers (tests/plugin/conftest.py, vllm_env)
+
 
 def test_unstored_mtp_head_is_a_plain_placeholder(vllm_env: object, tiny_models: dict[str, Path]) -> None:
     from sparkctl_exl3.vllm_plugin.config import EXL3Config

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.vllm  # builds vLLM layers (tests/plugin/conftest.py, vllm_env)
+
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory: pytest.TempPathFactory):

@@ -16,7 +16,7 @@ import pytest
 import vllm_wheels
 from packaging.version import Version
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 OTHER_RELEASES = ("0.26.0", "0.33.0", "0.34.0")
 

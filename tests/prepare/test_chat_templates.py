@@ -65,6 +65,7 @@ def test_history_and_tools_in_glm_format() -> None:
     )
 
 
+@pytest.mark.slow
 def test_vllm_glm_parser_honours_the_switch() -> None:
     # vLLM ignores enable_thinking for templates it takes for GLM-5.3's stock one (no switch); ours has one
     glm = pytest.importorskip("vllm.parser.glm47_moe")

@@ -7,9 +7,13 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from packs import NGRAM_BITS, NGRAM_HEADS, NGRAM_PREFIX, NGRAM_ROWS_PER_HEAD, PackCache, tree_state
 from sparkctl_exl3 import ngram
+
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
 
 ALL_FILES = {
     "model-00001-of-00002.safetensors",

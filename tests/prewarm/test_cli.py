@@ -28,6 +28,7 @@ def sparkctl(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparkctl", *args]
 
 
+@pytest.mark.slow
 def test_json_report_and_plain_progress(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "reports" / "warm.json"
     r = run(prewarm_cmd(str(model_dir), "--cold", "--json", "--report", str(out), "-w", "4", "--chunk", "1M"))
@@ -46,6 +47,7 @@ def test_json_report_and_plain_progress(model_dir: Path, tmp_path: Path) -> None
     )
 
 
+@pytest.mark.slow
 def test_evict_and_status(model_dir: Path) -> None:
     files = model_files(model_dir)
     for f in files:
@@ -59,6 +61,7 @@ def test_evict_and_status(model_dir: Path) -> None:
     assert residency(files) < 0.01
 
 
+@pytest.mark.slow
 def test_table_output(model_dir: Path) -> None:
     r = run(prewarm_cmd(str(model_dir), "--no-progress"))
     assert r.returncode == 0, r.stderr
@@ -66,6 +69,7 @@ def test_table_output(model_dir: Path) -> None:
     assert r.stderr.strip() == "" or "note:" in r.stderr
 
 
+@pytest.mark.slow
 def test_report_inside_the_model_directory_is_refused(model_dir: Path) -> None:
     r = run(prewarm_cmd(str(model_dir), "--report", str(model_dir / "report.json")))
     assert r.returncode == 2
@@ -73,6 +77,7 @@ def test_report_inside_the_model_directory_is_refused(model_dir: Path) -> None:
     assert not (model_dir / "report.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -89,6 +94,7 @@ def test_bad_input_exits_2_without_traceback(disk_dir: Path, make, message: str)
         assert message in r.stderr and r.stderr.startswith("error:") and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_fit_check_refuses_then_force_proceeds(model_dir: Path) -> None:
     r = run(prewarm_cmd(str(model_dir), "--cold", "--headroom", "1000T"))
     assert r.returncode == 1
@@ -98,6 +104,7 @@ def test_fit_check_refuses_then_force_proceeds(model_dir: Path) -> None:
     assert json.loads(r.stdout)["fit"]["fits"] is False
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_with_a_partial_report(disk_dir: Path) -> None:
     shard = write_shard(disk_dir / "model.safetensors", 32 * MiB)
     # 8 MiB/s over 32 MiB: about 4 s of reading, so SIGINT lands mid-read.
@@ -121,6 +128,7 @@ def test_ctrl_c_stops_cleanly_with_a_partial_report(disk_dir: Path) -> None:
     assert "interrupted" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_changed_file_exits_1(disk_dir: Path) -> None:
     shard = write_shard(disk_dir / "model.safetensors", 32 * MiB)
     proc = subprocess.Popen(
@@ -140,6 +148,7 @@ def test_changed_file_exits_1(disk_dir: Path) -> None:
     assert "changed during the read" in err
 
 
+@pytest.mark.slow
 def test_sparkctl_prewarm_path_and_recipe_file(model_dir: Path, tmp_path: Path) -> None:
     r = run(sparkctl("prewarm", str(model_dir), "--json", "--no-progress"))
     assert r.returncode == 0, r.stderr
@@ -155,6 +164,7 @@ def test_sparkctl_prewarm_path_and_recipe_file(model_dir: Path, tmp_path: Path) 
     assert data["workers"] == 3 and len(data["files"]) == 4
 
 
+@pytest.mark.slow
 def test_sparkctl_prewarm_recipe_without_local_model(tmp_path: Path) -> None:
     env = {
         **os.environ,
@@ -188,6 +198,7 @@ def test_progress_line_format() -> None:
     assert first == "warming: 1.00/4.00 GiB  25.0 % 0.50 GiB/s ETA 6.0 s files 2/8"
 
 
+@pytest.mark.slow
 def test_unreadable_shard_in_evict_and_status_is_one_line(disk_dir: Path) -> None:
     shard = write_shard(disk_dir / "model.safetensors", MiB)
     shard.chmod(0)
@@ -206,11 +217,13 @@ def test_unreadable_shard_in_evict_and_status_is_one_line(disk_dir: Path) -> Non
         assert out.startswith("BadInput") and "Permission denied" in out, (mode, out)
 
 
+@pytest.mark.slow
 def test_report_path_that_is_a_directory(model_dir: Path, tmp_path: Path) -> None:
     r = run(prewarm_cmd(str(model_dir), "--status", "--report", str(tmp_path)))
     assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_an_unwritable_report_path_is_refused_before_reading(model_dir: Path, tmp_path: Path) -> None:
     """Exit 2 with the path the user gave (not a temp file's name), and no shard read in vain."""
     a_file = tmp_path / "a-file"
@@ -240,6 +253,7 @@ def test_rich_progress_on_a_terminal() -> None:
     assert "warming" in text and "files 4/8" in text and "2.0/4.0 GiB" in text
 
 
+@pytest.mark.slow
 def test_conflicting_modes_are_refused(model_dir: Path) -> None:
     for cmd in (
         prewarm_cmd(str(model_dir), "--evict", "--cold"),
@@ -249,6 +263,7 @@ def test_conflicting_modes_are_refused(model_dir: Path) -> None:
         assert r.returncode == 2 and "choose one of" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_the_summary_gives_a_small_model_s_size_in_mib(model_dir: Path) -> None:
     r = run(prewarm_cmd(str(model_dir), "--no-progress"))
     assert r.returncode == 0, r.stderr

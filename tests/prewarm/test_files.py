@@ -100,6 +100,7 @@ def test_header_longer_than_file(disk_dir: Path) -> None:
         inspect_files([p])
 
 
+@pytest.mark.slow
 def test_unreadable_file(disk_dir: Path) -> None:
     p = write_shard(disk_dir / "secret.safetensors", 1024)
     p.chmod(0)

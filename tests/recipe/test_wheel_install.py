@@ -16,6 +16,11 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import pytest
+
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ["pyproject.toml", "README.md", "sparkctl", "prewarm", "recipes", "kernels/sparkctl_exl3"]
 

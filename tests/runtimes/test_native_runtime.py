@@ -60,6 +60,7 @@ def _log_line(path: Path, prefix: str) -> str:
     return _wait_for(find)
 
 
+@pytest.mark.slow
 def test_start_stop_kills_the_whole_process_group(make_plan, tmp_path):
     rt = NativeRuntime()
     log = tmp_path / "logs" / "t.log"
@@ -87,6 +88,7 @@ def test_start_stop_kills_the_whole_process_group(make_plan, tmp_path):
     assert rt.stats(state) is None
 
 
+@pytest.mark.slow
 def test_log_starts_with_the_command_line(make_plan, tmp_path):
     rt = NativeRuntime()
     log = tmp_path / "t.log"
@@ -100,6 +102,7 @@ def test_log_starts_with_the_command_line(make_plan, tmp_path):
     assert not rt.is_running(state)
 
 
+@pytest.mark.slow
 def test_sigterm_ignored_escalates_to_sigkill(make_plan, tmp_path):
     rt = NativeRuntime()
     log = tmp_path / "t.log"
@@ -114,6 +117,7 @@ def test_sigterm_ignored_escalates_to_sigkill(make_plan, tmp_path):
     assert 0.9 <= elapsed < 10
 
 
+@pytest.mark.slow
 def test_early_exit_reports_exit_code(make_plan, tmp_path):
     rt = NativeRuntime()
     state = rt.start(make_plan("import sys; print('boom', flush=True); sys.exit(3)"), tmp_path / "t.log")
@@ -124,6 +128,7 @@ def test_early_exit_reports_exit_code(make_plan, tmp_path):
     assert NativeRuntime().exit_detail(state) == "the server process is gone"  # not our child: no code
 
 
+@pytest.mark.slow
 def test_reused_pid_is_not_ours(make_plan, tmp_path):
     """A state file whose pid now belongs to another process: not running, and stop leaves it alone."""
     rt = NativeRuntime()
@@ -155,6 +160,7 @@ def test_missing_executable_is_a_clear_error(make_plan, tmp_path):
     assert "install" in (info.value.hint or "")
 
 
+@pytest.mark.slow
 def test_logs_tail_and_follow_until_exit(make_plan, tmp_path):
     rt = NativeRuntime()
     code = "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.2)\n"
@@ -198,6 +204,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_stop_unlinks_the_shared_memory_a_killed_server_leaves(make_plan, tmp_path):
     from multiprocessing import shared_memory
 

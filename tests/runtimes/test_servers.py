@@ -36,6 +36,7 @@ def _wait(pred, timeout_s: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_recorded_server_through_its_life(make_plan) -> None:
     port = free_port()
     plan = make_plan(argv=[sys.executable, "-c", HEALTHY, str(port)], name="srv", port=port)
@@ -66,6 +67,7 @@ def _answers(base_url: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_stopped_server_is_a_record_not_an_error(make_plan) -> None:
     plan = make_plan("pass", name="gone")
     st = NativeRuntime().start(plan, state_files.log_path("gone"))

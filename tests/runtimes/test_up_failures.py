@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 from ctrl_c import sigint_default
 from procs import gone
 from sparkctl_proc import engine_recipe
@@ -25,6 +26,9 @@ from sparkctl_proc import run_sparkctl as _sparkctl
 from sparkctl_proc import sparkctl_env as _env
 
 from sparkctl.server.ports import free_port
+
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 

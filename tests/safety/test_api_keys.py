@@ -20,6 +20,9 @@ from sparkctl_proc import run_sparkctl
 
 from sparkctl.server.ports import free_port
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 HF_TOKEN = "hf_PlantedHubTokenForTheLeakTest0123"
 

@@ -24,6 +24,9 @@ from ctrl_c import sigint_default
 
 from sparkctl.server.ports import free_port
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(__file__).with_name("fake_engine.py")
 

@@ -48,7 +48,10 @@ def _can_unshare() -> bool:
     return subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -rm` (user + mount namespaces)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _can_unshare(), reason="needs `unshare -rm` (user + mount namespaces)"),
+]
 
 
 def _recipe(tmp_path: Path, marker: str) -> Path:

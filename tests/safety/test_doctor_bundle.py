@@ -10,6 +10,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 HF = "hf_PlantedHubToken0123456789abcdef"
 KEY = "sk-planted-api-key-" + "Q" * 20

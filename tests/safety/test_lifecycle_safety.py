@@ -80,6 +80,7 @@ def _never_healthy(tmp_path: Path, name: str) -> tuple[Path, str]:
     return _recipe(tmp_path, name, f"import time  # {marker}\ntime.sleep(600)\n", health_timeout=300), marker
 
 
+@pytest.mark.slow
 def test_down_while_up_is_starting_before_the_launch_stops_it(tmp_path: Path) -> None:
     """The hole: `down` 0.1 s into an `up` said "not running" (exit 0), then `up` left a server running."""
     recipe, marker = _never_healthy(tmp_path, "early")
@@ -101,6 +102,7 @@ def test_down_while_up_is_starting_before_the_launch_stops_it(tmp_path: Path) ->
     assert _marked(marker) == []
 
 
+@pytest.mark.slow
 def test_down_while_up_waits_for_health_stops_the_server(tmp_path: Path) -> None:
     recipe, marker = _never_healthy(tmp_path, "waiting")
     state_file = tmp_path / "state" / "servers" / "waiting.json"
@@ -117,6 +119,7 @@ def test_down_while_up_waits_for_health_stops_the_server(tmp_path: Path) -> None
     assert _marked(marker) == []
 
 
+@pytest.mark.slow
 def test_up_while_down_holds_the_lock_is_refused_with_a_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -163,6 +166,7 @@ _ENGINE_WITH_CORE = """
 """
 
 
+@pytest.mark.slow
 def test_engine_processes_outliving_the_api_server_are_orphaned_and_reaped(tmp_path: Path) -> None:
     """The hole: SIGKILL of the API server left the engine core and /dev/shm/psm_* segments alive, and
     `status` said `stopped` while they held memory."""
@@ -236,6 +240,7 @@ def _path_recipe(tmp_path: Path, model: Path, marker: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["truncated", "deleted"])
 def test_a_broken_shard_is_one_line_before_anything_is_launched(tmp_path: Path, fault: str) -> None:
     model = _model_dir(tmp_path)
@@ -261,6 +266,7 @@ def test_a_broken_shard_is_one_line_before_anything_is_launched(tmp_path: Path, 
     assert _marked(marker) == []
 
 
+@pytest.mark.slow
 def test_the_api_server_killed_during_load_is_reported_and_its_engine_reaped(tmp_path: Path) -> None:
     """kill -9 of the API server alone while `up` waits: the engine core it forked must not live on."""
     marker = f"load{os.getpid()}{time.monotonic_ns()}"
@@ -280,6 +286,7 @@ def test_the_api_server_killed_during_load_is_reported_and_its_engine_reaped(tmp
     assert not state_file.exists() and _marked(marker) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_before_the_launch_leaves_no_state_and_no_half_made_model(tmp_path: Path) -> None:
     """Ctrl-C as soon as `up` holds the lock: in the doctor or while `tiny`'s model is being made."""
     recipe, marker = _never_healthy(tmp_path, "early-int")

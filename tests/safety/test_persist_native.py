@@ -21,6 +21,9 @@ from sparkctl_proc import run_sparkctl, sparkctl_env
 
 from sparkctl.server.ports import free_port
 
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(__file__).with_name("fake_engine.py")
 HOSTILE = ["a $HOME b", "100%h", 'q"uote', "back\\slash", "semi;colon", "'single'"]

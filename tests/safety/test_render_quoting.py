@@ -234,6 +234,7 @@ def test_names_that_are_syntax_are_refused_by_the_schema(over: dict[str, Any], f
     assert fragment in str(err.value)
 
 
+@pytest.mark.slow
 def test_hostile_values_reach_the_engine_verbatim_through_bash(dumper: Path, tmp_path: Path) -> None:
     nasty = ["$(touch pwned)", "`touch pwned`", "a'b\"c", "x\ny", "; touch pwned #", "$HF_TOKEN", "\\", "~"]
     data = base_recipe(
@@ -248,6 +249,7 @@ def test_hostile_values_reach_the_engine_verbatim_through_bash(dumper: Path, tmp
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_a_newline_in_a_note_cannot_leave_the_comment(dumper: Path, tmp_path: Path) -> None:
     p = plan_of(base_recipe())
     hostile = Plan(**{**p.__dict__, "notes": ("x\ntouch pwned",), "warnings": ("y\rtouch pwned",)})
@@ -378,6 +380,7 @@ def test_fuzzed_recipes_parse_back_to_their_argv(data: dict[str, Any]) -> None:
         check_compose(p)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40,
     deadline=None,

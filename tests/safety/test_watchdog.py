@@ -9,10 +9,14 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from procs import gone
 from sparkctl_proc import run_sparkctl as _sparkctl
 
 from sparkctl.server.ports import free_port
+
+# starts processes (tests/conftest.py, the process guard): not in make test-fast
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 _ENGINE = """
