@@ -8,7 +8,7 @@ from pathlib import Path
 
 import exl3_real
 import pytest
-from packs import fixture_copy, set_storage
+from verify_packs import fixture_copy, set_storage
 from sparkctl_proc import run_sparkctl
 
 FIXTURE = "qwen3moe-4.0-mcg"

@@ -12,7 +12,7 @@ from pathlib import Path
 import exl3_real
 import pytest
 import torch
-from packs import fixture_copy, flip_word, rewrite, set_storage, shard
+from verify_packs import fixture_copy, flip_word, rewrite, set_storage, shard
 
 from sparkctl.verify import records
 from sparkctl.verify.records import FAIL, PASS, SKIP
