@@ -32,7 +32,17 @@ DEFINITIONS: dict[str, str] = {
     "e2e_s": "time from sending the request to the last token event",
     "completion_tokens": "usage.completion_tokens from the server (stream_options.include_usage); "
     "count_source says where it came from: usage, continuous (per-chunk usage), tokenizer, chunks",
-    "decode_tps": "(completion_tokens - 1) / (t_last_token_event - t_first_token_event)",
+    "decode_tps": "(completion_tokens - 1) / (t_last_token_event - t_first_token_event) from arrival "
+    "stamps (decode_source client), or the engine's own per-request figure (decode_source server: "
+    "llama.cpp timings); a client figure above 1.25x the aggregate decode throughput, or whose tokens "
+    "arrived closer together than that rate allows (a burst), is not physical: decode_flag says why, "
+    "decode_tps is null, and it is left out of medians and plots (counted as nonphysical)",
+    "per_stream_decode": "a level's per-stream decode: the engine's own figure from vLLM's per-request "
+    "/metrics histograms where present (source server: tokens after the first over decode seconds; "
+    "median and p10-p90 from the time-per-output-token histogram where its buckets resolve them), "
+    "else the median and p10-p90 of the physical client samples (source client)",
+    "aggregate_decode_tps": "tokens after each stream's first, over the time any stream was decoding "
+    "(the union of first-to-last-token intervals)",
     "tpot_s": "(t_last_token_event - t_first_token_event) / (completion_tokens - 1) (vLLM's TPOT)",
     "itl_s": "gaps between consecutive token events, each divided by the tokens it carried when "
     "continuous usage gives per-chunk counts (itl_per_token true), else inter-chunk latency",

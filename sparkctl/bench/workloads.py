@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from sparkctl.bench import prompts, server_metrics
+from sparkctl.bench import plausibility, prompts, server_metrics
 from sparkctl.bench.client import BenchInputError, Target, request_body, timed_request, tokenize_count
 from sparkctl.bench.grids import Grid
 from sparkctl.bench.load import closed_loop, run_batch
@@ -194,6 +194,7 @@ def suite(ctx: Ctx, section: dict[str, Any]) -> None:
 
 def finish_suite(section: dict[str, Any], slo: dict[str, float]) -> None:
     samples = section.get("samples", [])
+    section["decode_check"] = plausibility.judge(samples, section.get("server_metrics"))
     cats = sorted({s["category"] for s in samples})
     section["per_category"] = {c: _req_summary([s for s in samples if s["category"] == c], slo) for c in cats}
     section["summary"] = _req_summary(samples, slo)
@@ -414,10 +415,12 @@ def finish_concurrency(section: dict[str, Any], slo: dict[str, float]) -> None:
         samples = lv["samples"]
         ok = [s for s in samples if s["ok"]]
         win = _window(samples)
+        # the engine's own per-stream figure where /metrics has it; bunched arrivals flagged and dropped
+        lv["per_stream_decode"] = plausibility.judge(samples, lv.get("server_metrics"))
         lv["summary"] = _req_summary(samples, slo)
         lv["window_s"] = win
         lv["aggregate_tps"] = sum(s["completion_tokens"] or 0 for s in ok) / win if win else None
-        lv["per_stream_decode_tps"] = (lv["summary"]["decode_tps"] or {}).get("median")
+        lv["per_stream_decode_tps"] = lv["per_stream_decode"]["median_tps"]
         lv["requests_per_s"] = len(ok) / win if win else None
         lv["peak_tps"] = _peak(ok)
 
@@ -553,6 +556,7 @@ def finish_grid(section: dict[str, Any], slo: dict[str, float]) -> None:
     lat = section.get("latency_s") or 0.0
     prefix = (section.get("grid") or {}).get("prefix_caching", True)
     for t in section.get("tasks", []):
+        t["nonphysical"] = sum(plausibility.judge(b)["nonphysical"] for b in t["runs"])
         t.update(_batch_metrics(t["runs"], t["pp"], lat, uncached_pp=prefix and t["depth"] > 0))
         if t["context_runs"]:
             t["context"] = _batch_metrics(t["context_runs"], t["depth"], lat, uncached_pp=False)

@@ -158,7 +158,7 @@
     svg.classList.add("line-chart");
     var x0 = 60, y0 = 20, plotW = W - x0 - 150, plotH = H - y0 - 60;
     var xs = [], max = 0;
-    o.series.forEach(function (s) { s.points.forEach(function (p) { if (xs.indexOf(p[0]) < 0) xs.push(p[0]); max = Math.max(max, p[1] || 0); }); });
+    o.series.forEach(function (s) { s.points.forEach(function (p) { if (xs.indexOf(p[0]) < 0) xs.push(p[0]); max = Math.max(max, p[1] || 0, p[3] || 0); }); });
     xs.sort(function (a, b) { return a - b; });
     max = niceMax(max);
     axisY(svg, x0, y0, plotH, max, o.unit, plotW);
@@ -171,8 +171,14 @@
       var color = COLORS[j % COLORS.length];
       el("polyline", { points: pts.map(function (p) { return px(p[0]) + "," + py(p[1]); }).join(" "), fill: "none", stroke: color, "stroke-width": 2, "stroke-dasharray": s.dashed ? "5 3" : "" }, svg);
       pts.forEach(function (p) {
+        var label = s.name + " @ " + o.xlabel + " " + p[0] + ": " + fmt(p[1]) + " " + o.unit;
+        if (p[2] != null && p[3] != null) {  // spread: p10-p90 whisker around the median
+          el("line", { x1: px(p[0]), x2: px(p[0]), y1: py(p[3]), y2: py(p[2]), stroke: color, "stroke-width": 1, class: "whisker" }, svg);
+          label += " (p10–p90 " + fmt(p[2]) + "–" + fmt(p[3]) + ")";
+        }
+        if (p[4]) label += ", " + p[4];
         var c = el("circle", { cx: px(p[0]), cy: py(p[1]), r: 4, fill: color, class: "point" }, svg);
-        hover(c, s.name + " @ " + o.xlabel + " " + p[0] + ": " + fmt(p[1]) + " " + o.unit);
+        hover(c, label);
       });
     });
     el("line", { x1: x0, x2: x0 + plotW, y1: y0 + plotH, y2: y0 + plotH, stroke: "#6b7280" }, svg);
@@ -278,7 +284,12 @@
       variants.forEach(function (v) {
         var lv = ((v.workloads || {}).concurrency || {}).levels || [];
         series.push({ name: v.label + " aggregate", points: lv.map(function (l) { return [l.concurrency, l.aggregate_tps]; }) });
-        series.push({ name: v.label + " per stream", dashed: true, points: lv.map(function (l) { return [l.concurrency, l.per_stream_decode_tps]; }) });
+        series.push({ name: v.label + " aggregate while decoding", dashed: true, points: lv.map(function (l) { return [l.concurrency, (l.per_stream_decode || {}).aggregate_decode_tps]; }) });
+        series.push({ name: v.label + " per stream (median)", dashed: true, points: lv.map(function (l) {
+          var d = l.per_stream_decode || {};
+          var note = (d.source ? d.source + "-side" : "") + (d.nonphysical ? ", " + d.nonphysical + " non-physical sample(s) left out" : "");
+          return [l.concurrency, l.per_stream_decode_tps, d.p10_tps, d.p90_tps, note];
+        }) });
       });
       lineChart(s3, { title: "Throughput vs concurrency", xlabel: "concurrent streams", unit: "tok/s", series: series });
       lineChart(s3, {
