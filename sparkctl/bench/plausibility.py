@@ -25,7 +25,8 @@ from typing import Any
 from sparkctl.bench.stats import percentile, summary
 
 SLACK = 1.25  # a stream may read this much above the level's aggregate decode rate before it is flagged
-FLAG_FAST = "faster than the engine's aggregate decode throughput"
+ENGINE_SLACK = 2.0  # ... or this much above the engine's own mean per-stream rate over the same requests
+FLAG_FAST = "faster than the engine's aggregate decode throughput (or twice its own per-stream rate)"
 FLAG_BURST = "bunched arrivals and no end-to-end time to estimate from"
 
 
@@ -95,7 +96,8 @@ def judge(samples: list[dict[str, Any]], server: dict[str, Any] | None = None) -
        allows, or above the engine's own per-stream figure) gets the burst-robust estimate
        (N - 1) / (e2e - TTFT_ref), TTFT_ref being the engine's mean TTFT from /metrics, else the
        level's fastest TTFT: neither comes from this stream's bunched stamps (`client-e2e`);
-    3. whatever is still faster than SLACK x the aggregate decode throughput is not physical:
+    3. whatever is still faster than SLACK x the aggregate decode throughput, or ENGINE_SLACK x the
+       engine's own mean per-stream rate over the same requests, is not physical:
        decode_tps = tpot_s = None, decode_flag says why, counted in `nonphysical`.
     """
     ok = [s for s in samples if s.get("ok") and _n(s) > 1 and s.get("e2e_s") is not None]
@@ -127,7 +129,8 @@ def judge(samples: list[dict[str, Any]], server: dict[str, Any] | None = None) -
             s["decode_tps"] = robust
             s["tpot_s"] = 1.0 / robust if robust else None
     agg = aggregate_decode_tps(ok, srv_rate)
-    bound = agg * SLACK if agg else None
+    bounds = [x for x in (agg * SLACK if agg else None, srv_rate * ENGINE_SLACK if srv_rate else None) if x]
+    bound = min(bounds) if bounds else None
     nonphysical = 0
     for s in ok:
         rate = s.get("decode_tps")

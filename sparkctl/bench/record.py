@@ -142,6 +142,38 @@ def validate(record: dict[str, Any]) -> None:
     jsonschema.validate(record, schema())
 
 
+def resume_from(path: Path, rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The T1 sections of an earlier record, by variant label, for `bench --resume` to complete.
+
+    Only a record of the same profile is resumed: mixing tasks measured under another grid would
+    make one table out of two experiments.
+    """
+    from sparkctl.errors import UserError
+
+    try:
+        old = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise UserError(f"--resume {path}: no such file") from exc
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--resume {path}: not a readable bench record ({exc})") from exc
+    if not isinstance(old, dict) or old.get("schema") != SCHEMA_ID:
+        raise UserError(f"--resume {path}: not a sparkctl bench record ({SCHEMA_ID})")
+    want = (rec.get("config") or {}).get("profile")
+    have = (old.get("config") or {}).get("profile")
+    if not want or have != want:
+        raise UserError(
+            f"--resume {path}: that run used profile {have and have.get('name')!r}, this one "
+            f"{want and want.get('name')!r} (with other settings)",
+            hint="resume with the same --profile and --profile-set options",
+        )
+    rec["resumed_from"] = {"path": str(path), "created_at": old.get("created_at")}
+    return {
+        v["label"]: {"t1": v["workloads"]["t1"]}
+        for v in old.get("variants", [])
+        if (v.get("workloads") or {}).get("t1")
+    }
+
+
 def default_out_dir(name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "server"

@@ -112,7 +112,8 @@ def _ms(m: dict[str, Any] | None) -> str:
 def grid_rows(record: dict[str, Any]) -> list[list[str]]:
     out: list[list[str]] = []
     for v in record.get("variants", []):
-        for t in (v.get("workloads", {}).get("grid") or {}).get("tasks", []):
+        wl = v.get("workloads", {})
+        for t in (wl.get("grid") or {}).get("tasks", []) + (wl.get("t1") or {}).get("tasks", []):
             d = f" @ d{t['depth']}" if t["depth"] else ""
             out.append([v["label"], f"pp{t['pp']}/tg{t['tg']}{d}", str(t["concurrency"]), _ms(t.get("pp_throughput")),
                         _ms(t.get("tg_throughput")), _ms(t.get("peak_throughput")), _ms(t.get("ttfr")),
@@ -142,3 +143,20 @@ def markdown(record: dict[str, Any]) -> str:
     parts += ["", "TTFT: first chunk carrying content/reasoning/tool-call text; decode tok/s = (N-1)/(t_last-t_first), "
               "N from the server's usage; medians over measured requests after warm-up."]  # fmt: skip
     return "\n".join(parts) + "\n"
+
+
+BOOT_COLUMNS = ("variant", "launched s", "port s", "weights s", "healthy s", "first token s", "engine load s",
+                "x default", "cache", "note")  # fmt: skip
+
+
+def boot_rows(rec: dict[str, Any]) -> list[list[str]]:
+    """One row per boot variant: its stage stamps (seconds from `up`), ratio to the default, or why it failed."""
+    out = []
+    for v in rec.get("variants", []):
+        st = v.get("stages_s") or {}
+        note = "" if v.get("ok") else (v.get("reason") or v.get("error") or "failed")
+        out.append([v["label"], *(fmt(st.get(k), 2) for k in ("launched", "port_open", "weights_loaded", "healthy",
+                    "first_token")), fmt(v.get("engine_load_s"), 2), fmt(v.get("first_token_ratio"), 2),
+                    "resident " + fmt((v.get("cache") or {}).get("resident_bytes_after", 0) / 2**20, 1) + " MiB",
+                    note[:120]])  # fmt: skip
+    return out

@@ -20,7 +20,7 @@ from sparkctl.bench.load import closed_loop, run_batch
 from sparkctl.bench.stats import mean_std_values, peak_rate, summary
 from sparkctl.bench.stream import Sample, token_timeline
 
-WORKLOADS = ("suite", "followup", "long", "concurrency", "grid")
+WORKLOADS = ("suite", "followup", "long", "concurrency", "grid", "t1")
 DEFAULT_WORKLOADS = ("suite", "followup", "long", "concurrency")
 
 
@@ -37,10 +37,12 @@ class Config:
     requests_per_level: int | None = None  # None -> max(4c, 16)
     grid: Grid | None = None
     slo: dict[str, float] = field(default_factory=dict)  # ttft_ms / tpot_ms / e2e_ms
+    profile: Any = None  # t1.Profile for the "t1" workload
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["grid"] = self.grid.to_json() if self.grid else None
+        d["profile"] = self.profile.to_json() if self.profile else None
         d["workloads"] = list(self.workloads)
         d["categories"] = list(self.categories)
         d["long_tokens"] = list(self.long_tokens)
@@ -67,6 +69,7 @@ class Ctx:
     progress: Progress
     stop: threading.Event
     count_tokens: Callable[[str], int] | None = None
+    save: Callable[[], None] | None = None  # keep the record now (long workloads save per batch)
 
     def request(self, messages: list[dict[str, Any]] | str, max_tokens: int | None = None) -> Sample:
         if self.stop.is_set():
@@ -526,17 +529,25 @@ def _batch_metrics(
             if s["decode_tps"]:
                 tg_req.append(s["decode_tps"])
             pk = peak_rate(token_timeline(_sample_from_json(s)))
-            if pk:
+            if pk and not _bunched(s):  # a burst's 1-second window says nothing about the engine
                 peak_req.append(pk)
         start = min(s["t_send_abs"] for s in ok)
         first = [s["t_send_abs"] + s["ttft_s"] for s in ok]
         end = max(s["t_send_abs"] + s["e2e_s"] for s in ok)
         if max(first) > start:
             pp_tot.append(p_sum / (max(first) - start))
-        if end > min(first) and g_sum > len(ok):
-            tg_tot.append((g_sum - len(ok)) / (end - min(first)))
+        # decoding starts at each stream's first token; a bunched stream's (its stamps say nothing)
+        # is its last token minus its judged decode time (plausibility.judge)
+        starts = [
+            s["t_send_abs"] + s["e2e_s"] - ((s["completion_tokens"] or 1) - 1) / s["decode_tps"]
+            if _bunched(s) and s.get("decode_tps")
+            else s["t_send_abs"] + s["ttft_s"]
+            for s in ok
+        ]
+        if end > min(starts) and g_sum > len(ok):
+            tg_tot.append((g_sum - len(ok)) / (end - min(starts)))
         pk = _peak(ok)
-        if pk:
+        if pk and not any(_bunched(s) for s in ok):
             peak_tot.append(pk)
     single = all(len(b) == 1 for b in batches)
     return {
@@ -552,6 +563,11 @@ def _batch_metrics(
     }
 
 
+def _bunched(s: dict[str, Any]) -> bool:
+    """Were this stream's arrival stamps replaced or rejected by the plausibility check?"""
+    return s.get("decode_source") == "client-e2e" or bool(s.get("decode_flag"))
+
+
 def finish_grid(section: dict[str, Any], slo: dict[str, float]) -> None:
     lat = section.get("latency_s") or 0.0
     prefix = (section.get("grid") or {}).get("prefix_caching", True)
@@ -562,7 +578,20 @@ def finish_grid(section: dict[str, Any], slo: dict[str, float]) -> None:
             t["context"] = _batch_metrics(t["context_runs"], t["depth"], lat, uncached_pp=False)
 
 
+def _t1_collect(ctx: Ctx, section: dict[str, Any]) -> None:
+    from sparkctl.bench import t1
+
+    t1.collect(ctx, section)
+
+
+def _t1_finish(section: dict[str, Any], slo: dict[str, float]) -> None:
+    from sparkctl.bench import t1
+
+    t1.finish(section, slo)
+
+
 COLLECT = {
+    "t1": _t1_collect,
     "suite": suite,
     "followup": followup,
     "long": long_prompt,
@@ -570,6 +599,7 @@ COLLECT = {
     "grid": grid,
 }
 FINISH = {
+    "t1": _t1_finish,
     "suite": finish_suite,
     "followup": finish_followup,
     "long": finish_long,
@@ -591,4 +621,6 @@ def planned_requests(cfg: Config) -> int:
         n += sum(max(cfg.requests_per_level or max(4 * c, 16), c) for c in cfg.concurrency)
     if "grid" in cfg.workloads and cfg.grid:
         n += len(cfg.grid.schedule) * cfg.grid.runs
+    if "t1" in cfg.workloads and cfg.profile:
+        n += len(cfg.profile.tasks()) * cfg.profile.runs
     return n

@@ -337,6 +337,36 @@
         });
       });
     });
+    variants.forEach(function (v) {
+      var t1 = (v.workloads || {}).t1;
+      if (!t1 || !t1.tasks || !t1.tasks.length) return;
+      var s6 = section(root, "T1 " + (t1.profile ? t1.profile.name : "") + (variants.length > 1 ? " · " + v.label : ""));
+      var depths = [], concs = [], shapes = [];
+      t1.tasks.forEach(function (t) {
+        if (depths.indexOf(t.depth) < 0) depths.push(t.depth);
+        if (concs.indexOf(t.concurrency) < 0) concs.push(t.concurrency);
+        var sh = "pp" + t.pp + "/tg" + t.tg;
+        if (shapes.indexOf(sh) < 0) shapes.push(sh);
+      });
+      depths.sort(function (a, b) { return a - b; });
+      concs.sort(function (a, b) { return a - b; });
+      function task(d, c, sh) { return t1.tasks.find(function (x) { return x.depth === d && x.concurrency === c && "pp" + x.pp + "/tg" + x.tg === sh; }); }
+      shapes.forEach(function (sh) {
+        heatMap(s6, {
+          title: "T1 tg t/s · " + sh + " · depth × concurrency", unit: "tok/s", rows: depths, cols: concs,
+          values: depths.map(function (d) { return concs.map(function (c) { var t = task(d, c, sh); return t && t.tg_throughput ? t.tg_throughput.mean : null; }); }),
+        });
+      });
+      [["tg_throughput", "T1 tg t/s per depth", "tok/s"], ["e2e_ttft", "T1 end-to-end TTFT per depth", "ms"]].forEach(function (m) {
+        var series = [];
+        depths.forEach(function (d) {
+          shapes.forEach(function (sh) {
+            series.push({ name: "d" + d + " " + sh, points: concs.map(function (c) { var t = task(d, c, sh); return [c, t && t[m[0]] ? t[m[0]].mean : null]; }) });
+          });
+        });
+        lineChart(s6, { title: m[1], xlabel: "concurrent streams", unit: m[2], series: series });
+      });
+    });
     if (!root.querySelector("svg")) {
       var p = document.createElement("p");
       p.textContent = "No measurements in this record.";
@@ -354,6 +384,21 @@
     s.appendChild(grid);
     root.appendChild(s);
     return grid;
+  }
+
+  // bench boot: each variant's stage stamps (seconds from `up`), one bar group per stage
+  function drawBoot(rec) {
+    var root = document.getElementById("charts");
+    var sec = section(root, "Cold start stages · " + rec.recipe);
+    var ok = rec.variants.filter(function (v) { return v.ok; });
+    barChart(sec, {
+      title: "Seconds from `up` to each stage", unit: "s", categories: rec.stages,
+      series: ok.map(function (v) { return { name: v.label, values: rec.stages.map(function (k) { var x = (v.stages_s || {})[k]; return x === undefined ? null : x; }) }; }),
+    });
+    barChart(sec, {
+      title: "Time to first token vs the default loader", unit: "x", categories: ok.map(function (v) { return v.label; }),
+      series: [{ name: "first token ratio", values: ok.map(function (v) { return v.first_token_ratio; }) }],
+    });
   }
 
   function drawCompare(cmp) {
@@ -380,7 +425,7 @@
     var data = JSON.parse(raw);
     var dl = document.getElementById("download");
     dl.addEventListener("click", function () { download(dl.getAttribute("data-name"), raw, "application/json"); });
-    if (data.rows && data.files) drawCompare(data); else draw(data);
+    if (data.rows && data.files) drawCompare(data); else if (data.schema === "sparkctl-boot/1") drawBoot(data); else draw(data);
     document.body.setAttribute("data-charts", String(document.querySelectorAll("#charts svg").length));
   });
 })();

@@ -1,0 +1,67 @@
+"""The T1 profile definition, its scaling, the boot variants and the conditions block (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkctl.bench import boot, conditions, t1
+from sparkctl.bench.client import BenchInputError
+from sparkctl.cli import main
+
+
+def test_t1_is_the_published_grid() -> None:
+    p = t1.get_profile("t1")
+    assert p is t1.T1 and p.prompts == (128, 4096) and p.outputs == (256, 1024)
+    assert p.depths == (0, 32768, 131072) and p.concurrency == (1, 4, 8) and p.runs == 3 and not p.thinking
+    tasks = p.tasks()
+    assert len(tasks) == 2 * 2 * 3 * 3 and len({t1.task_key(t) for t in tasks}) == 36
+    assert tasks[0] == {"depth": 0, "pp": 128, "tg": 256, "concurrency": 1}
+
+
+def test_a_scaled_profile_says_it_was_modified() -> None:
+    p = t1.get_profile("t1", ("depths=0,128", "prompts=64", "runs=1"))
+    assert p.name == "t1 (modified)" and p.depths == (0, 128) and p.prompts == (64,) and p.runs == 1
+    assert p.outputs == (256, 1024)
+    for bad in ("depths", "nope=1", "runs=0", "prompts=a"):
+        with pytest.raises(BenchInputError):
+            t1.get_profile("t1", (bad,))
+
+
+def test_boot_variants_follow_what_the_installed_vllm_offers() -> None:
+    offered = {"load_formats": ["auto", "fastsafetensors"], "strategies": ["eager"]}
+    labels = [v.label for v in boot.variants(offered)]
+    assert labels == ["default", "prewarm", "fastsafetensors", "eager"]
+    fast = boot.variants(offered, ("fastsafetensors",))[0]
+    assert "serve.load_format=fastsafetensors" in fast.sets and "load.prewarm=never" in fast.sets
+    with pytest.raises(BenchInputError, match="instanttensor"):
+        boot.variants(offered, ("instanttensor",))
+
+
+def test_request_conditions_state_thinking_and_sampling() -> None:
+    c = conditions.request_conditions(
+        {"temperature": 0.0, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert c["thinking"] == "off" and c["sampling"] == {"temperature": 0.0, "ignore_eos": True}
+    assert conditions.request_conditions({})["thinking"] == "server default"
+    with conditions.GpuSampler(interval_s=0.1) as gpu:
+        pass
+    assert "sampled" in gpu.summary()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "--url", "http://x", "--resume", "a.json"], "--resume completes a --profile t1 run"),
+        (
+            ["bench", "--url", "http://127.0.0.1:9", "--profile", "t1", "--profile-set", "x=1"],
+            "--profile-set",
+        ),
+    ],
+)
+def test_bad_profile_options_are_one_line_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,164 @@
+"""`bench --profile t1` (with resume), its agreement with llama-benchy, and `bench boot`, on the real tiny vLLM.
+
+T1 runs scaled to what a 512-token model holds (prompts 64/96, outputs 8/16, depth 0/128, concurrency
+1/2); llama-benchy 0.4.0 itself runs on the same server and settings, offline: its corpus cache is
+seeded with our filler text (it would download a book otherwise). `bench boot` starts a copy of the
+tiny recipe under another name, so the session's shared server keeps running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ctrl_c import sigint_default
+
+from sparkctl.bench import record as records
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[2]
+SCALE = ["--profile", "t1", "--profile-set", "prompts=64,96", "--profile-set", "outputs=8,16",
+         "--profile-set", "depths=0,128", "--profile-set", "concurrency=1,2", "--profile-set", "runs=1"]  # fmt: skip
+
+
+def test_t1_runs_resumes_after_ctrl_c_and_records_its_conditions(tiny_server, tmp_path):
+    out = tmp_path / "t1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkctl", "bench", "tiny", *SCALE, "--out", str(out)],
+        env=tiny_server.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=sigint_default,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not (out / "bench.json").exists():  # written after the first measured batch
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    first = json.loads((out / "bench.json").read_text())
+    done = {t["key"]: t for t in first["variants"][0]["workloads"]["t1"]["tasks"] if t["runs"]}
+    if proc.returncode == 0:  # finished before the signal landed (a fast box): resume must add nothing
+        assert first["complete"]
+    else:
+        assert proc.returncode == 130 and first["interrupted"], stderr
+    assert 1 <= len(done) <= 16
+
+    res = tiny_server.sparkctl("bench", "tiny", *SCALE, "--resume", str(out / "bench.json"), timeout=600)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((out / "bench.json").read_text())
+    records.validate(rec)
+    assert rec["complete"] and rec["resumed_from"]["created_at"] == first["created_at"]
+    v = rec["variants"][0]
+    t1 = v["workloads"]["t1"]
+    assert t1["profile"]["name"] == "t1 (modified)" and len(t1["tasks"]) == 16
+    for key, old in done.items():  # what the first run measured is kept as it was, not re-measured
+        new = next(t for t in t1["tasks"] if t["key"] == key)
+        assert [s["t_send_abs"] for s in new["runs"][0]] == [s["t_send_abs"] for s in old["runs"][0]]
+    for t in t1["tasks"]:
+        assert len(t["runs"]) == 1 and len(t["runs"][0]) == t["concurrency"]
+        samples = t["runs"][0]
+        assert all(s["ok"] and s["completion_tokens"] == t["tg"] for s in samples)
+        # the prompt is the size asked (template and nonce included), the depth filler in front of it
+        assert all(abs(s["prompt_tokens"] - t["depth"] - t["pp"]) <= 8 for s in samples), (t["key"], samples)
+        # unique prompts: the engine's prefix cache served nothing to any run
+        assert all((m or {}).get("prefix_cache_hits", 0) == 0 for m in t["server_metrics"]), t["key"]
+        assert t["tg_throughput"]["mean"] > 0 and t["e2e_ttft"]["mean"] > 0
+        assert t["per_stream_decode_tps"] > 0
+    c = v["conditions"]
+    assert c["thinking"] == "off" and c["sampling"]["temperature"] == 0.0 and c["recipe_hash"]
+    assert c["engine_version"].startswith("0.32") and c["gpu"]["sampled"] is False  # no nvidia-smi here
+    assert "nonce" in c["prompt_uniqueness"] and "token ids" in c["token_counts"]
+    html = (out / "report.html").read_text()
+    assert "Conditions" in html and "thinking" in html
+
+
+def _llama_benchy(tiny_server, tmp_path: Path, model_dir: Path) -> dict:
+    """llama-benchy 0.4.0 on the same server and settings; its corpus is our filler, seeded offline."""
+    from sparkctl.bench import prompts
+
+    home = tmp_path / "home"
+    book = "sparkctl-filler"
+    cache = home / ".cache" / "llama-benchy"
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / f"{hashlib.md5(book.encode()).hexdigest()}.txt").write_text(prompts.filler(400, 3))
+    exe = shutil.which("llama-benchy") or str(Path(sys.executable).with_name("llama-benchy"))
+    out = tmp_path / f"lb-{time.monotonic_ns()}.json"
+    cmd = [exe, "--base-url", f"http://127.0.0.1:{tiny_server.port}/v1", "--model", "tiny",
+           "--tokenizer", str(model_dir), "--book-url", book, "--pp", "64", "--tg", "16", "--depth", "0", "128",
+           "--concurrency", "1", "2", "--runs", "3", "--no-cache", "--exact-tg", "--latency-mode", "generation",
+           "--skip-coherence", "--format", "json", "--save-result", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, env=tiny_server.env | {"HOME": str(home)}, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_t1_agrees_with_llama_benchy_on_the_same_server(tiny_server, tmp_path):
+    """Our T1 cells against llama-benchy 0.4.0's, same server, same pp/tg/depth/concurrency.
+
+    Compared: e2e TTFT and, at concurrency 1, tg t/s (both tools measure per request there). The
+    tolerance: each tool's median over 3 runs within a factor of 1.6 of the other's, for the
+    median of the cells; on the shared 2-core box one run moves by 2x with other jobs' load, so up
+    to three rounds are run (ours, then theirs, back to back) and a definition error fails all three.
+    """
+    pytest.importorskip("llama_benchy")
+    model_dir = Path(tiny_server.env["SPARKCTL_CACHE_DIR"]) / "models" / "tiny-llama"
+    args = ["--profile", "t1", "--profile-set", "prompts=64", "--profile-set", "outputs=16",
+            "--profile-set", "depths=0,128", "--profile-set", "concurrency=1,2", "--profile-set", "runs=3"]  # fmt: skip
+    rounds = []
+    for i in range(3):
+        out = tmp_path / f"ours{i}"
+        res = tiny_server.sparkctl("bench", "tiny", *args, "--out", str(out), "--no-html", timeout=600)
+        assert res.returncode == 0, res.stderr
+        ours = {(t["depth"], t["concurrency"]): t for t in json.loads((out / "bench.json").read_text())
+                ["variants"][0]["workloads"]["t1"]["tasks"]}  # fmt: skip
+        lb = _llama_benchy(tiny_server, tmp_path, model_dir)
+        theirs = {(b["context_size"], b["concurrency"]): b for b in lb["benchmarks"]
+                  if not b.get("is_context_prefill_phase")}  # fmt: skip
+        assert set(theirs) == set(ours)
+        ratios = {}
+        for key, t in ours.items():
+            ratios[("e2e_ttft", key)] = t["e2e_ttft"]["mean"] / theirs[key]["e2e_ttft"]["mean"]
+            if key[1] == 1:
+                ratios[("tg", key)] = t["tg_throughput"]["mean"] / theirs[key]["tg_throughput"]["mean"]
+        rounds.append(ratios)
+        med = {m: statistics.median(r for (k, _), r in ratios.items() if k == m) for m in ("e2e_ttft", "tg")}
+        if all(1 / 1.6 <= x <= 1.6 for x in med.values()):
+            return
+    pytest.fail(f"T1 disagrees with llama-benchy in all three rounds: {rounds}")
+
+
+def test_bench_boot_times_each_stage_and_records_a_refusal(tiny_server, tmp_path):
+    src = (REPO / "recipes" / "tiny.yaml").read_text()
+    recipe = tmp_path / "tiny-boot.yaml"
+    recipe.write_text(src)
+    res = tiny_server.sparkctl("up", str(recipe), "--port", "0", timeout=600)  # the weights made once
+    assert res.returncode == 0, res.stderr
+    assert tiny_server.sparkctl("down", "tiny-boot").returncode == 0
+    out = tmp_path / "boot"
+    res = tiny_server.sparkctl("bench", "boot", str(recipe), "--variants", "default,fastsafetensors",
+                               "--out", str(out), timeout=900)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((out / "boot.json").read_text())
+    default, fast = rec["variants"]
+    assert default["ok"] and rec["fastest"] == "default" and default["first_token_ratio"] == 1.0
+    st = default["stages_s"]
+    order = [st[k] for k in ("launched", "port_open", "weights_loaded", "healthy", "first_token")]
+    assert all(x is not None for x in order) and order == sorted(order), st
+    assert 0 < default["engine_load_s"] < st["healthy"]
+    assert default["cache"]["method"] and default["cache"]["weights_bytes"] > 0
+    # the CPU vLLM offers fastsafetensors but cannot load with it: kept, with the engine's reason
+    assert not fast["ok"] and fast["error"] and fast["reason"], fast
+    assert not (tiny_server.state_dir / "servers" / "tiny-boot.json").exists()  # stopped after each start
+    assert (
+        "Cold start stages" in (out / "boot.html").read_text()
+        or "boot.json" in (out / "boot.html").read_text()
+    )
