@@ -135,8 +135,15 @@ class _Watch:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def _inode(self) -> int | None:
+        try:
+            return self.log_path.stat().st_ino
+        except OSError:
+            return None
+
     def _loop(self) -> None:
-        pos = 0
+        stale = self._inode()  # the previous launch's log until `up` rotates it: never read
+        pos, ino = 0, None
         while not self._stop.is_set():
             now = time.monotonic() - self.t0
             if "port_open" not in self.stamps:
@@ -145,7 +152,10 @@ class _Watch:
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.05),
                 ):
                     self.stamps["port_open"] = now
-            if "weights_loaded" not in self.stamps:
+            cur = self._inode()
+            if cur != ino:  # a new log file: read it from its start
+                pos, ino = 0, cur
+            if "weights_loaded" not in self.stamps and cur is not None and cur != stale:
                 with contextlib.suppress(OSError), self.log_path.open("rb") as f:
                     f.seek(pos)
                     chunk = f.read().decode("utf-8", "replace")

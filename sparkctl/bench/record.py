@@ -33,10 +33,12 @@ DEFINITIONS: dict[str, str] = {
     "completion_tokens": "usage.completion_tokens from the server (stream_options.include_usage); "
     "count_source says where it came from: usage, continuous (per-chunk usage), tokenizer, chunks",
     "decode_tps": "(completion_tokens - 1) / (t_last_token_event - t_first_token_event) from arrival "
-    "stamps (decode_source client), or the engine's own per-request figure (decode_source server: "
-    "llama.cpp timings); a client figure above 1.25x the aggregate decode throughput, or whose tokens "
-    "arrived closer together than that rate allows (a burst), is not physical: decode_flag says why, "
-    "decode_tps is null, and it is left out of medians and plots (counted as nonphysical)",
+    "stamps (decode_source client); for a stream whose arrivals are bunched, (completion_tokens - 1) / "
+    "(e2e_s - TTFT_ref) with TTFT_ref the engine's mean TTFT from /metrics, else the level's fastest "
+    "(decode_source client-e2e); the engine's own per-request figure where it sends one (decode_source "
+    "server: llama.cpp timings). A client figure above 1.25x the aggregate decode throughput, or above 2x "
+    "the engine's own mean per-stream rate, is not physical: decode_flag says why, decode_tps is null, and "
+    "it is left out of medians and plots (counted as nonphysical)",
     "per_stream_decode": "a level's per-stream decode: the engine's own figure from vLLM's per-request "
     "/metrics histograms where present (source server: tokens after the first over decode seconds; "
     "median and p10-p90 from the time-per-output-token histogram where its buckets resolve them), "
