@@ -32,7 +32,7 @@ from typing import Any
 
 from sparkctl.errors import SparkctlError
 
-STAGES = ("launched", "port_open", "weights_loaded", "healthy", "first_token")
+STAGES = ("launched", "weights_loaded", "port_open", "healthy", "first_token")  # vLLM binds after loading
 _WEIGHTS = re.compile(
     r"Loading weights took ([0-9.]+) seconds|Model loading took [0-9.]+ GiB memory and ([0-9.]+) seconds"
 )
@@ -359,6 +359,14 @@ def run(
         )
     ok = [r for r in results if r["ok"]]
     fastest = min(ok, key=lambda r: r["stages_s"]["first_token"]) if ok else None
+    decided = fastest
+    if (
+        fastest is not None
+        and base is not None
+        and fastest is not base
+        and not _clearly_faster(fastest, base)
+    ):
+        decided = base  # inside the default's own run-to-run range: no reason to leave the default
     return {
         "schema": "sparkctl-boot/1",
         "recipe": recipe,
@@ -369,5 +377,22 @@ def run(
         "stages": list(STAGES),
         "variants": results,
         "fastest": fastest["label"] if fastest else None,
-        "recommendation": fastest and {"label": fastest["label"], "sets": fastest["sets"]},
+        "recommendation": decided
+        and {
+            "label": decided["label"],
+            "sets": decided["sets"],
+            "why": "fastest to first token, outside the default's run-to-run range"
+            if decided is not base
+            else (
+                "the default loader: no other path beat its run-to-run range"
+                if fastest is not base
+                else "the default loader was fastest"
+            ),
+        },
     }
+
+
+def _clearly_faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Is a's slowest start faster than b's fastest (no overlap of their first-token ranges)?"""
+    ra, rb = a.get("spread_first_token_s"), b.get("spread_first_token_s")
+    return bool(ra and rb and ra[1] < rb[0])

@@ -134,7 +134,7 @@ def collect(ctx: Any, section: dict[str, Any]) -> None:
             if whole:
                 wrap: Callable[[str], Any] = lambda t: _messages(prompts.nonce(), "", t)  # noqa: E731
             else:
-                wrap = lambda t: [{"role": "user", "content": t}]  # noqa: E731
+                wrap = lambda t: t  # noqa: E731  (the raw text: its tokens are the depth)
             cache[(tokens, seed, whole)] = sized_text(ctx, tokens, seed, wrap)[0]
         return cache[(tokens, seed, whole)]
 

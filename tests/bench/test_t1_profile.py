@@ -65,3 +65,15 @@ def test_bad_profile_options_are_one_line_exit_2(
         main(args)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_refused_start_keeps_the_root_cause_not_the_wrapper(tmp_path) -> None:
+    log = tmp_path / "tiny.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING [system_utils.py:255] ... like `OSError: [Errno 24] Too many open files`\n"
+        "(Worker pid=2) ERROR [multiproc_executor.py:953] RuntimeError: Invalid device string: 'cuda:cpu'\n"
+        "(EngineCore pid=3) ERROR [core.py:1510] Exception: WorkerProc initialization failed due to an "
+        "exception in a background process. See stack trace for root cause.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
+    assert boot._refusal(log) == "RuntimeError: Invalid device string: 'cuda:cpu'"

@@ -150,9 +150,13 @@ def test_bench_boot_times_each_stage_and_records_a_refusal(tiny_server, tmp_path
     rec = json.loads((out / "boot.json").read_text())
     default, fast = rec["variants"]
     assert default["ok"] and rec["fastest"] == "default" and default["first_token_ratio"] == 1.0
+    assert rec["recommendation"]["label"] == "default"
     st = default["stages_s"]
-    order = [st[k] for k in ("launched", "port_open", "weights_loaded", "healthy", "first_token")]
+    order = [
+        st[k] for k in ("launched", "weights_loaded", "healthy", "first_token")
+    ]  # vLLM binds after loading
     assert all(x is not None for x in order) and order == sorted(order), st
+    assert st["launched"] < st["port_open"] <= st["healthy"], st
     assert 0 < default["engine_load_s"] < st["healthy"]
     assert default["cache"]["method"] and default["cache"]["weights_bytes"] > 0
     # the CPU vLLM offers fastsafetensors but cannot load with it: kept, with the engine's reason
