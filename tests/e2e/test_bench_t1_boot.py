@@ -12,7 +12,6 @@ import hashlib
 import json
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -104,36 +103,53 @@ def _llama_benchy(tiny_server, tmp_path: Path, model_dir: Path) -> dict:
 def test_t1_agrees_with_llama_benchy_on_the_same_server(tiny_server, tmp_path):
     """Our T1 cells against llama-benchy 0.4.0's, same server, same pp/tg/depth/concurrency.
 
-    Compared: e2e TTFT and, at concurrency 1, tg t/s (both tools measure per request there). The
-    tolerance: each tool's median over 3 runs within a factor of 1.6 of the other's, for the
-    median of the cells; on the shared 2-core box one run moves by 2x with other jobs' load, so up
-    to three rounds are run (ours, then theirs, back to back) and a definition error fails all three.
+    Load on the shared 2-core box moves one run by 2x, so each round is A-B-A: ours, llama-benchy,
+    ours again, and llama-benchy's cell must fall inside the range of our two runs widened by a
+    factor of TOL = 1.6 (drift between the runs widens the range instead of failing). Compared per
+    cell: e2e TTFT; at concurrency 1 tg t/s too, where llama-benchy's figure is physical (at most
+    2x the engine's own per-stream rate from /metrics): on this box llama-benchy also reads bursts
+    as 10,000 tok/s (or drops a cell whose streams all arrived at once), and there ours must stay
+    within 2x of the engine's figure instead (the plausibility check at work). Up to three rounds; a definition error fails all three.
     """
     pytest.importorskip("llama_benchy")
+    tol = 1.6
     model_dir = Path(tiny_server.env["SPARKCTL_CACHE_DIR"]) / "models" / "tiny-llama"
     args = ["--profile", "t1", "--profile-set", "prompts=64", "--profile-set", "outputs=16",
             "--profile-set", "depths=0,128", "--profile-set", "concurrency=1,2", "--profile-set", "runs=3"]  # fmt: skip
-    rounds = []
-    for i in range(3):
+
+    def ours(i: int) -> dict:
         out = tmp_path / f"ours{i}"
         res = tiny_server.sparkctl("bench", "tiny", *args, "--out", str(out), "--no-html", timeout=600)
         assert res.returncode == 0, res.stderr
-        ours = {(t["depth"], t["concurrency"]): t for t in json.loads((out / "bench.json").read_text())
-                ["variants"][0]["workloads"]["t1"]["tasks"]}  # fmt: skip
+        tasks = json.loads((out / "bench.json").read_text())["variants"][0]["workloads"]["t1"]["tasks"]
+        return {(t["depth"], t["concurrency"]): t for t in tasks}
+
+    failures = []
+    for i in range(3):
+        a1 = ours(2 * i)
         lb = _llama_benchy(tiny_server, tmp_path, model_dir)
+        a2 = ours(2 * i + 1)
         theirs = {(b["context_size"], b["concurrency"]): b for b in lb["benchmarks"]
                   if not b.get("is_context_prefill_phase")}  # fmt: skip
-        assert set(theirs) == set(ours)
-        ratios = {}
-        for key, t in ours.items():
-            ratios[("e2e_ttft", key)] = t["e2e_ttft"]["mean"] / theirs[key]["e2e_ttft"]["mean"]
-            if key[1] == 1:
-                ratios[("tg", key)] = t["tg_throughput"]["mean"] / theirs[key]["tg_throughput"]["mean"]
-        rounds.append(ratios)
-        med = {m: statistics.median(r for (k, _), r in ratios.items() if k == m) for m in ("e2e_ttft", "tg")}
-        if all(1 / 1.6 <= x <= 1.6 for x in med.values()):
+        assert set(theirs) == set(a1) == set(a2)
+        bad = []
+        for key in sorted(theirs):
+            pairs = [("e2e_ttft", "e2e_ttft")] + ([("tg_throughput", "tg_throughput")] if key[1] == 1 else [])
+            for ours_f, their_f in pairs:
+                mine = [a[key][ours_f]["mean"] for a in (a1, a2)]
+                other = (theirs[key][their_f] or {}).get("mean")
+                engine = max(a[key]["per_stream_decode_tps"] for a in (a1, a2))
+                # llama-benchy read a burst (or every stream arrived at once and it has no figure)
+                if ours_f == "tg_throughput" and (other is None or other > 2 * engine):
+                    if not all(m <= 2 * engine for m in mine):
+                        bad.append((key, "ours non-physical too", mine, engine))
+                    continue
+                if not min(mine) / tol <= other <= max(mine) * tol:
+                    bad.append((key, ours_f, mine, other))
+        if not bad:
             return
-    pytest.fail(f"T1 disagrees with llama-benchy in all three rounds: {rounds}")
+        failures.append(bad)
+    pytest.fail(f"T1 disagrees with llama-benchy in all three A-B-A rounds: {failures}")
 
 
 def test_bench_boot_times_each_stage_and_records_a_refusal(tiny_server, tmp_path):
@@ -166,3 +182,19 @@ def test_bench_boot_times_each_stage_and_records_a_refusal(tiny_server, tmp_path
         "Cold start stages" in (out / "boot.html").read_text()
         or "boot.json" in (out / "boot.html").read_text()
     )
+
+
+def test_t2_runs_tool_eval_bench_and_keeps_its_score_beside_the_speed(tiny_server, tmp_path):
+    pytest.importorskip("tool_eval_bench")
+    out = tmp_path / "t2"
+    res = tiny_server.sparkctl("bench", "tiny", "-w", "suite", "--categories", "coding", "--runs", "1",
+                               "--max-tokens", "8", "--t2", "--out", str(out), "--no-html", timeout=900)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rec = json.loads((out / "bench.json").read_text())
+    records.validate(rec)
+    v = rec["variants"][0]
+    t2 = v["t2"]
+    assert t2["ran"] and t2["returncode"] == 0 and t2["tool_version"].endswith("3.0.0"), t2
+    # random weights call no tool right: a real score of 0 over the short suite's scenarios
+    assert t2["scores"]["final_score"] == 0.0 and t2["scores"]["total_scenarios"] > 0
+    assert v["workloads"]["suite"]["summary"]["decode_tps"]["median"] > 0  # the speed is kept beside it
