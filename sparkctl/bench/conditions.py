@@ -21,6 +21,11 @@ GPU_QUERY = (
     "name,clocks.sm,clocks.max.sm,clocks.applications.graphics,clocks_event_reasons.active,"
     "power.draw,power.limit,temperature.gpu"
 )
+# older drivers name the reasons clocks_throttle_reasons and refuse the whole query over one unknown field
+GPU_QUERY_FALLBACKS = (
+    GPU_QUERY.replace("clocks_event_reasons", "clocks_throttle_reasons"),
+    "name,clocks.sm,clocks.max.sm,power.draw",
+)
 
 
 def _num(v: str) -> float | str | None:
@@ -35,23 +40,25 @@ def _num(v: str) -> float | str | None:
 
 def query_gpus(exe: str) -> list[dict[str, Any]]:
     """One nvidia-smi reading per GPU (name, SM clock now/max/application cap, reasons, power, temp)."""
-    try:
-        out = subprocess.run(
-            [exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if out.returncode != 0:
-        return []
-    keys = GPU_QUERY.split(",")
-    return [
-        dict(zip(keys, (_num(v) for v in line.split(",")), strict=False))
-        for line in out.stdout.splitlines()
-        if line.strip()
-    ]
+    for query in (GPU_QUERY, *GPU_QUERY_FALLBACKS):
+        try:
+            out = subprocess.run(
+                [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return []
+        if out.returncode != 0:
+            continue
+        keys = [k.replace("clocks_throttle_reasons", "clocks_event_reasons") for k in query.split(",")]
+        return [
+            dict(zip(keys, (_num(v) for v in line.split(",")), strict=False))
+            for line in out.stdout.splitlines()
+            if line.strip()
+        ]
+    return []
 
 
 class GpuSampler:

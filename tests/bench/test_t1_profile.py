@@ -77,3 +77,28 @@ def test_a_refused_start_keeps_the_root_cause_not_the_wrapper(tmp_path) -> None:
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
     )
     assert boot._refusal(log) == "RuntimeError: Invalid device string: 'cuda:cpu'"
+
+
+def test_gpu_sampler_reads_clocks_and_falls_back_on_an_older_driver(tmp_path) -> None:
+    """No NVIDIA GPU on the CI box: a script answers as nvidia-smi 535 does (CSV, no units), and
+    refuses `clocks_event_reasons` the way drivers before 535 do, so the fallback query is used."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in *clocks_event_reasons*) echo "Field \\"clocks_event_reasons.active\\" is not a valid field"'
+        " >&2; exit 2;; esac\n"
+        'echo "NVIDIA GB10, 2100, 3003, 2150, 0x0000000000000004, 55.20, 140.00, 61"\n'
+    )
+    smi.chmod(0o755)
+    rows = conditions.query_gpus(str(smi))
+    assert rows[0]["name"] == "NVIDIA GB10" and rows[0]["clocks.sm"] == 2100.0
+    assert rows[0]["clocks_event_reasons.active"] == "0x0000000000000004"
+    gpu = conditions.GpuSampler(interval_s=0.05)
+    gpu.exe = str(smi)
+    with gpu:
+        import time
+
+        time.sleep(0.3)
+    g = gpu.summary()["gpus"][0]
+    assert g["sm_clock_mhz"]["median"] == 2100.0 and g["sm_clock_max_mhz"] == 3003.0
+    assert g["sm_clock_cap_mhz"] == 2150.0 and g["capped"] and g["power_w"]["median"] == 55.2
