@@ -396,3 +396,14 @@ def _clearly_faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Is a's slowest start faster than b's fastest (no overlap of their first-token ranges)?"""
     ra, rb = a.get("spread_first_token_s"), b.get("spread_first_token_s")
     return bool(ra and rb and ra[1] < rb[0])
+
+
+def write(rec: dict[str, Any], out_dir: Path) -> list[Path]:
+    """boot.json and boot.html into out_dir (each written temp-then-rename)."""
+    from sparkctl.bench import record as records
+    from sparkctl.bench.report import render_boot_html
+
+    return [
+        records.save(rec, out_dir / "boot.json"),
+        records.write_text(render_boot_html(rec), out_dir / "boot.html"),
+    ]

@@ -97,6 +97,30 @@ def get_profile(name: str, sets: tuple[str, ...] = ()) -> Profile:
     return replace(p, name=f"{p.name} (modified)", **changes)
 
 
+def select(
+    name: str | None,
+    sets: tuple[str, ...],
+    workloads: tuple[str, ...],
+    workloads_given: bool,
+    grid: str | None,
+    *,
+    resume: Any = None,
+) -> tuple[tuple[str, ...], Profile | None, str | None]:
+    """`--profile` into (workloads, T1 profile, grid name): arena-v2 is the grid, t1 adds the t1 workload."""
+    if name == "arena-v2":
+        return workloads, None, "arena-v2"
+    profile = get_profile("t1", sets) if name == "t1" else None
+    if profile is not None:
+        workloads = (*workloads, "t1") if workloads_given else ("t1",)
+    if resume and profile is None:
+        raise BenchInputError(
+            "--resume completes a --profile t1 run", hint="add --profile t1 (and its --profile-set)"
+        )
+    if sets and profile is None:
+        raise BenchInputError("--profile-set scales --profile t1", hint="add --profile t1")
+    return workloads, profile, grid
+
+
 def _messages(tag: str, context: str, prompt: str) -> list[dict[str, Any]]:
     head = f"[run {tag}] "  # the nonce comes first: no prefix of this request was ever sent before
     body = f"{context}\n{prompt}" if context else prompt

@@ -176,18 +176,11 @@ def run_cmd(**kw: Any) -> None:
     if bad:
         raise UserError(f"unknown workload(s): {', '.join(bad)}", hint=f"valid: {', '.join(WORKLOADS)}")
     grid = None
-    profile = None
-    if kw["profile"] == "arena-v2":
-        kw["grid"] = "arena-v2"
-    elif kw["profile"] == "t1":
-        from sparkctl.bench import t1
+    from sparkctl.bench import t1
 
-        profile = t1.get_profile("t1", kw["profile_set"])
-        workloads = (*workloads, "t1") if kw["workloads"] else ("t1",)
-    if kw["resume"] and profile is None:
-        raise UserError(
-            "--resume completes a --profile t1 run", hint="add --profile t1 (and its --profile-set)"
-        )
+    workloads, profile, kw["grid"] = t1.select(
+        kw["profile"], kw["profile_set"], workloads, bool(kw["workloads"]), kw["grid"], resume=kw["resume"]
+    )
     if kw["grid"] or "grid" in workloads:
         grid = grids.get_grid(
             kw["grid"] or "arena-v2",
@@ -308,17 +301,12 @@ def boot_cmd(
     """
     from sparkctl.bench import boot
     from sparkctl.bench import record as records
-    from sparkctl.bench.report import render_boot_html
 
     only = tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else ()
     rec = boot.run(
         recipe, only=only, base_sets=sets, repeat=repeat, progress=_NoteProgress(_console(stderr=True))
     )
-    out = out_dir or records.default_out_dir(f"{recipe}-boot")
-    paths = [
-        records.save(rec, out / "boot.json"),
-        records.write_text(render_boot_html(rec), out / "boot.html"),
-    ]
+    paths = boot.write(rec, out_dir or records.default_out_dir(f"{recipe}-boot"))
     if as_json:
         output.json(rec)
     else:
