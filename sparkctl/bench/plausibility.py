@@ -62,7 +62,7 @@ def aggregate_decode_tps(samples: list[dict[str, Any]], engine_rate: float | Non
         n, rate = _n(s), s.get("decode_tps")
         if not s.get("ok") or n < 2 or not rate or s.get("t_send_abs") is None or s.get("e2e_s") is None:
             continue
-        if engine_rate and s.get("decode_source") == "client-e2e":
+        if engine_rate and s.get("decode_source") in ("client-e2e", "server-mean"):
             rate = engine_rate
         end = s["t_send_abs"] + s["e2e_s"]
         toks += n - 1
@@ -92,10 +92,11 @@ def judge(samples: list[dict[str, Any]], server: dict[str, Any] | None = None) -
     `server` is the level's /metrics delta (server_metrics.delta). Samples are edited in place:
 
     1. llama.cpp's per-response timings replace the arrival figure (decode_source `server`);
-    2. a stream whose arrivals are bunched (its arrival rate above SLACK x what its end-to-end time
-       allows, or above the engine's own per-stream figure) gets the burst-robust estimate
-       (N - 1) / (e2e - TTFT_ref), TTFT_ref being the engine's mean TTFT from /metrics, else the
-       level's fastest TTFT: neither comes from this stream's bunched stamps (`client-e2e`);
+    2. a stream whose arrivals are bunched (its arrival rate above ENGINE_SLACK x the engine's own
+       per-stream mean where /metrics gives it, else above SLACK x what its end-to-end time allows,
+       or most of its tokens closer together than that) gets the engine's mean over the same
+       requests (`server-mean`), or without /metrics the burst-robust (N - 1) / (e2e - TTFT_ref),
+       TTFT_ref being the level's fastest TTFT, not this stream's bunched stamp (`client-e2e`);
     3. whatever is still faster than SLACK x the aggregate decode throughput, or ENGINE_SLACK x the
        engine's own mean per-stream rate over the same requests, is not physical:
        decode_tps = tpot_s = None, decode_flag says why, counted in `nonphysical`.
@@ -113,36 +114,45 @@ def judge(samples: list[dict[str, Any]], server: dict[str, Any] | None = None) -
             s["decode_tps"] = s["server_decode_tps"]
             s["tpot_s"] = 1.0 / s["server_decode_tps"]
             continue
-        if s.get("decode_source") in ("server", "client-e2e"):
+        if s.get("decode_source") in ("server", "server-mean", "client-e2e"):
             continue  # judged before (a record summarised twice)
         s["decode_source"] = "client"
         n = _n(s)
         room = s["e2e_s"] - min(ttft_ref, s.get("ttft_s") or ttft_ref)
         robust = (n - 1) / room if room > 0 else None
-        ceiling = max(x for x in (robust, srv_rate, 0.0) if x is not None) * SLACK
+        # the engine's own rate is the ceiling where /metrics gives it; else what e2e allows
+        ceiling = srv_rate * ENGINE_SLACK if srv_rate else (robust or 0.0) * SLACK
         arrival = s.get("decode_tps")
         gaps = _token_gaps(s)
         bunched = arrival is None or arrival > ceiling or (gaps and statistics.median(gaps) * ceiling < 1.0)
         if bunched:
             bursts += 1
-            s["decode_source"] = "client-e2e"
-            s["decode_tps"] = robust
-            s["tpot_s"] = 1.0 / robust if robust else None
+            if srv_rate:  # the stamps say nothing: the engine's mean over the same requests stands in
+                s["decode_source"] = "server-mean"
+                s["decode_tps"] = srv_rate
+                s["tpot_s"] = 1.0 / srv_rate
+            else:
+                s["decode_source"] = "client-e2e"
+                s["decode_tps"] = robust
+                s["tpot_s"] = 1.0 / robust if robust else None
     agg = aggregate_decode_tps(ok, srv_rate)
     bounds = [x for x in (agg * SLACK if agg else None, srv_rate * ENGINE_SLACK if srv_rate else None) if x]
     bound = min(bounds) if bounds else None
     nonphysical = 0
     for s in ok:
         rate = s.get("decode_tps")
-        if s["decode_source"] != "server" and rate is not None and bound is not None and rate > bound:
+        engine = s["decode_source"] in ("server", "server-mean")
+        if not engine and rate is not None and bound is not None and rate > bound:
             s["decode_flag"] = FLAG_FAST
             s["decode_tps"] = s["tpot_s"] = None
             nonphysical += 1
-        elif s["decode_source"] != "server" and rate is None and s["decode_flag"] is None:
+        elif not engine and rate is None and s["decode_flag"] is None:
             s["decode_flag"] = FLAG_BURST
             nonphysical += 1
     client = [
-        s["decode_tps"] for s in ok if s.get("decode_tps") is not None and s["decode_source"] != "server"
+        s["decode_tps"]
+        for s in ok
+        if s.get("decode_tps") is not None and s["decode_source"] in ("client", "client-e2e")
     ]
     per_req = [s["decode_tps"] for s in ok if s.get("decode_source") == "server"]
     if per_req and not srv:

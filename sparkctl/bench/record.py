@@ -33,9 +33,10 @@ DEFINITIONS: dict[str, str] = {
     "completion_tokens": "usage.completion_tokens from the server (stream_options.include_usage); "
     "count_source says where it came from: usage, continuous (per-chunk usage), tokenizer, chunks",
     "decode_tps": "(completion_tokens - 1) / (t_last_token_event - t_first_token_event) from arrival "
-    "stamps (decode_source client); for a stream whose arrivals are bunched, (completion_tokens - 1) / "
-    "(e2e_s - TTFT_ref) with TTFT_ref the engine's mean TTFT from /metrics, else the level's fastest "
-    "(decode_source client-e2e); the engine's own per-request figure where it sends one (decode_source "
+    "stamps (decode_source client); for a stream whose arrivals are bunched, the engine's mean per-stream "
+    "rate over the same requests from /metrics (decode_source server-mean), else (completion_tokens - 1) / "
+    "(e2e_s - the level's fastest TTFT) (decode_source client-e2e); the engine's own per-request figure "
+    "where it sends one (decode_source "
     "server: llama.cpp timings). A client figure above 1.25x the aggregate decode throughput, or above 2x "
     "the engine's own mean per-stream rate, is not physical: decode_flag says why, decode_tps is null, and "
     "it is left out of medians and plots (counted as nonphysical)",

@@ -565,7 +565,7 @@ def _batch_metrics(
 
 def _bunched(s: dict[str, Any]) -> bool:
     """Were this stream's arrival stamps replaced or rejected by the plausibility check?"""
-    return s.get("decode_source") == "client-e2e" or bool(s.get("decode_flag"))
+    return s.get("decode_source") in ("client-e2e", "server-mean") or bool(s.get("decode_flag"))
 
 
 def finish_grid(section: dict[str, Any], slo: dict[str, float]) -> None:

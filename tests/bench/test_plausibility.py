@@ -86,3 +86,12 @@ def test_coarse_buckets_fall_back_to_the_exact_mean() -> None:
 
 def test_union_length() -> None:
     assert plausibility.union_length([(0, 1), (0.5, 2), (3, 4)]) == pytest.approx(3.0)
+
+
+def test_a_burst_with_the_engines_figure_carries_the_engines_mean() -> None:
+    samples = [_sample(0.0, 0.05, 0.01), _sample(0.001, 0.05, 0.01, burst=True)]
+    d = {"server_decode": {"requests": 2, "mean_tps": 98.0, "median_tps": 98.0, "median_from": "mean"}}
+    out = plausibility.judge(samples, d)
+    assert samples[1]["decode_source"] == "server-mean" and samples[1]["decode_tps"] == 98.0
+    assert samples[0]["decode_source"] == "client" and out["bunched"] == 1 and out["nonphysical"] == 0
+    assert out["source"] == "server" and out["client"]["n"] == 1

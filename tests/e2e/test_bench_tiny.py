@@ -371,11 +371,10 @@ def test_per_stream_decode_is_physical_at_concurrency_1_2_4_8(tiny_server, tmp_p
     concurrency >= 2 (the starved HTTP front end flushes late), which once read as 100,000 tok/s.
 
     Stated factors: the reported per-stream figure is vLLM's own (its per-request decode-time
-    histograms), at most SLACK (1.25x) above the aggregate decode throughput; every client figure is
-    at most that bound; the client-only median (what a server without /metrics would get: arrival
-    stamps where they are spread, (N-1)/(e2e - TTFT_ref) where bunched, a lower bound) lies within
-    6x below and 2x above the engine's figure (partly bunched streams read fast, fully bunched ones
-    fall back to the lower bound); the HTML carries no figure above the bound.
+    histograms), at most SLACK (1.25x) above the aggregate decode throughput; every sample's figure
+    is at most the level's bound (1.25x the aggregate decode rate, 2x the engine's own); a bunched
+    stream carries the engine's mean instead of its stamps; the median of the streams whose stamps
+    were spread lies within 6x below and 2x above the engine's figure.
     """
     from sparkctl.bench.plausibility import SLACK
 
@@ -394,7 +393,11 @@ def test_per_stream_decode_is_physical_at_concurrency_1_2_4_8(tiny_server, tmp_p
         assert d["median_tps"] <= d["aggregate_decode_tps"] * SLACK, (lv["concurrency"], d)
         rates = [s["decode_tps"] for s in lv["samples"] if s["decode_tps"] is not None]
         assert rates and max(rates) <= d["bound_tps"], (lv["concurrency"], max(rates), d)
-        assert server / 6 <= d["client"]["median"] <= server * 2, (lv["concurrency"], d)
+        sources = {s["decode_source"] for s in lv["samples"] if s["ok"]}
+        assert sources <= {"client", "client-e2e", "server-mean"}, sources  # vLLM sends no per-request timing
+        assert sum(s["decode_source"] == "server-mean" for s in lv["samples"]) == d["bunched"]
+        if d["client"]:  # the streams whose stamps were spread: their own figure, near the engine's
+            assert server / 6 <= d["client"]["median"] <= server * 2, (lv["concurrency"], d)
         assert lv["summary"]["decode_tps"]["max"] <= d["bound_tps"]
         flagged = [s for s in lv["samples"] if s["decode_flag"]]
         assert len(flagged) == d["nonphysical"] and all(s["decode_tps"] is None for s in flagged)
