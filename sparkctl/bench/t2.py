@@ -45,6 +45,7 @@ def run(target: Target, *, out_dir: Path, timeout_s: float = 3600.0) -> dict[str
             "ran": False,
             "reason": f"tool-eval-bench is not installed (pip install tool-eval-bench=={VERSION})",
         }
+    out_dir = out_dir.resolve()  # the tool runs with the output folder as its cwd
     out_dir.mkdir(parents=True, exist_ok=True)
     json_file = out_dir / "t2-tool-eval-bench.json"
     cmd = [exe, "--base-url", f"{target.base_url}/v1", "--model", target.model, "--no-think", "--short",
@@ -52,7 +53,8 @@ def run(target: Target, *, out_dir: Path, timeout_s: float = 3600.0) -> dict[str
     if target.api_key:
         cmd += ["--api-key", target.api_key]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        # in the output folder: the tool keeps its run history (data/benchmarks.sqlite) under its cwd
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=out_dir)
     except subprocess.TimeoutExpired:
         return {"ran": False, "reason": f"tool-eval-bench did not finish in {timeout_s:.0f} s"}
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip() or None

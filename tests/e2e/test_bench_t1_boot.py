@@ -198,3 +198,4 @@ def test_t2_runs_tool_eval_bench_and_keeps_its_score_beside_the_speed(tiny_serve
     # random weights call no tool right: a real score of 0 over the short suite's scenarios
     assert t2["scores"]["final_score"] == 0.0 and t2["scores"]["total_scenarios"] > 0
     assert v["workloads"]["suite"]["summary"]["decode_tps"]["median"] > 0  # the speed is kept beside it
+    assert not (REPO / "data").exists()  # the tool's history stays in the output folder, not the cwd
