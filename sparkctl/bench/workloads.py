@@ -13,14 +13,14 @@ from typing import Any
 
 import httpx
 
-from sparkctl.bench import prompts, server_metrics
+from sparkctl.bench import plausibility, prompts, server_metrics
 from sparkctl.bench.client import BenchInputError, Target, request_body, timed_request, tokenize_count
 from sparkctl.bench.grids import Grid
 from sparkctl.bench.load import closed_loop, run_batch
 from sparkctl.bench.stats import mean_std_values, peak_rate, summary
 from sparkctl.bench.stream import Sample, token_timeline
 
-WORKLOADS = ("suite", "followup", "long", "concurrency", "grid")
+WORKLOADS = ("suite", "followup", "long", "concurrency", "grid", "t1")
 DEFAULT_WORKLOADS = ("suite", "followup", "long", "concurrency")
 
 
@@ -37,10 +37,12 @@ class Config:
     requests_per_level: int | None = None  # None -> max(4c, 16)
     grid: Grid | None = None
     slo: dict[str, float] = field(default_factory=dict)  # ttft_ms / tpot_ms / e2e_ms
+    profile: Any = None  # t1.Profile for the "t1" workload
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["grid"] = self.grid.to_json() if self.grid else None
+        d["profile"] = self.profile.to_json() if self.profile else None
         d["workloads"] = list(self.workloads)
         d["categories"] = list(self.categories)
         d["long_tokens"] = list(self.long_tokens)
@@ -67,6 +69,7 @@ class Ctx:
     progress: Progress
     stop: threading.Event
     count_tokens: Callable[[str], int] | None = None
+    save: Callable[[], None] | None = None  # keep the record now (long workloads save per batch)
 
     def request(self, messages: list[dict[str, Any]] | str, max_tokens: int | None = None) -> Sample:
         if self.stop.is_set():
@@ -194,6 +197,7 @@ def suite(ctx: Ctx, section: dict[str, Any]) -> None:
 
 def finish_suite(section: dict[str, Any], slo: dict[str, float]) -> None:
     samples = section.get("samples", [])
+    section["decode_check"] = plausibility.judge(samples, section.get("server_metrics"))
     cats = sorted({s["category"] for s in samples})
     section["per_category"] = {c: _req_summary([s for s in samples if s["category"] == c], slo) for c in cats}
     section["summary"] = _req_summary(samples, slo)
@@ -414,10 +418,12 @@ def finish_concurrency(section: dict[str, Any], slo: dict[str, float]) -> None:
         samples = lv["samples"]
         ok = [s for s in samples if s["ok"]]
         win = _window(samples)
+        # the engine's own per-stream figure where /metrics has it; bunched arrivals flagged and dropped
+        lv["per_stream_decode"] = plausibility.judge(samples, lv.get("server_metrics"))
         lv["summary"] = _req_summary(samples, slo)
         lv["window_s"] = win
         lv["aggregate_tps"] = sum(s["completion_tokens"] or 0 for s in ok) / win if win else None
-        lv["per_stream_decode_tps"] = (lv["summary"]["decode_tps"] or {}).get("median")
+        lv["per_stream_decode_tps"] = lv["per_stream_decode"]["median_tps"]
         lv["requests_per_s"] = len(ok) / win if win else None
         lv["peak_tps"] = _peak(ok)
 
@@ -523,17 +529,25 @@ def _batch_metrics(
             if s["decode_tps"]:
                 tg_req.append(s["decode_tps"])
             pk = peak_rate(token_timeline(_sample_from_json(s)))
-            if pk:
+            if pk and not _bunched(s):  # a burst's 1-second window says nothing about the engine
                 peak_req.append(pk)
         start = min(s["t_send_abs"] for s in ok)
         first = [s["t_send_abs"] + s["ttft_s"] for s in ok]
         end = max(s["t_send_abs"] + s["e2e_s"] for s in ok)
         if max(first) > start:
             pp_tot.append(p_sum / (max(first) - start))
-        if end > min(first) and g_sum > len(ok):
-            tg_tot.append((g_sum - len(ok)) / (end - min(first)))
+        # decoding starts at each stream's first token; a bunched stream's (its stamps say nothing)
+        # is its last token minus its judged decode time (plausibility.judge)
+        starts = [
+            s["t_send_abs"] + s["e2e_s"] - ((s["completion_tokens"] or 1) - 1) / s["decode_tps"]
+            if _bunched(s) and s.get("decode_tps")
+            else s["t_send_abs"] + s["ttft_s"]
+            for s in ok
+        ]
+        if end > min(starts) and g_sum > len(ok):
+            tg_tot.append((g_sum - len(ok)) / (end - min(starts)))
         pk = _peak(ok)
-        if pk:
+        if pk and not any(_bunched(s) for s in ok):
             peak_tot.append(pk)
     single = all(len(b) == 1 for b in batches)
     return {
@@ -549,16 +563,35 @@ def _batch_metrics(
     }
 
 
+def _bunched(s: dict[str, Any]) -> bool:
+    """Were this stream's arrival stamps replaced or rejected by the plausibility check?"""
+    return s.get("decode_source") in ("client-e2e", "server-mean") or bool(s.get("decode_flag"))
+
+
 def finish_grid(section: dict[str, Any], slo: dict[str, float]) -> None:
     lat = section.get("latency_s") or 0.0
     prefix = (section.get("grid") or {}).get("prefix_caching", True)
     for t in section.get("tasks", []):
+        t["nonphysical"] = sum(plausibility.judge(b)["nonphysical"] for b in t["runs"])
         t.update(_batch_metrics(t["runs"], t["pp"], lat, uncached_pp=prefix and t["depth"] > 0))
         if t["context_runs"]:
             t["context"] = _batch_metrics(t["context_runs"], t["depth"], lat, uncached_pp=False)
 
 
+def _t1_collect(ctx: Ctx, section: dict[str, Any]) -> None:
+    from sparkctl.bench import t1
+
+    t1.collect(ctx, section)
+
+
+def _t1_finish(section: dict[str, Any], slo: dict[str, float]) -> None:
+    from sparkctl.bench import t1
+
+    t1.finish(section, slo)
+
+
 COLLECT = {
+    "t1": _t1_collect,
     "suite": suite,
     "followup": followup,
     "long": long_prompt,
@@ -566,6 +599,7 @@ COLLECT = {
     "grid": grid,
 }
 FINISH = {
+    "t1": _t1_finish,
     "suite": finish_suite,
     "followup": finish_followup,
     "long": finish_long,
@@ -587,4 +621,6 @@ def planned_requests(cfg: Config) -> int:
         n += sum(max(cfg.requests_per_level or max(4 * c, 16), c) for c in cfg.concurrency)
     if "grid" in cfg.workloads and cfg.grid:
         n += len(cfg.grid.schedule) * cfg.grid.runs
+    if "t1" in cfg.workloads and cfg.profile:
+        n += len(cfg.profile.tasks()) * cfg.profile.runs
     return n

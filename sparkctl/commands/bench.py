@@ -92,6 +92,23 @@ def bench_cmd() -> None:
     help="Comma list of suite,followup,long,concurrency,grid [suite,followup,long,concurrency].",
 )
 @click.option("--grid", type=click.Choice(["arena-v2"]), help="Run a named grid (adds the grid workload).")
+@click.option(
+    "--profile",
+    type=click.Choice(["t1", "arena-v2"]),
+    help="Community protocol: t1 (llama-benchy 0.4.0 T1 grid) or arena-v2 (same as --grid arena-v2).",
+)
+@click.option(
+    "--profile-set",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Scale the t1 grid: prompts, outputs, depths, concurrency, runs. Repeatable.",
+)
+@click.option(
+    "--resume",
+    type=click.Path(path_type=Path),
+    help="Complete an interrupted --profile t1 run from its bench.json (writes beside it).",
+)
+@click.option("--t2", is_flag=True, help="Also run tool-eval-bench (T2 tool calling) and record its score.")
 @click.option("--grid-depths", help="Narrow the grid's context depths (comma list).")
 @click.option("--grid-concurrency", help="Narrow the grid's concurrency levels (comma list).")
 @click.option("--grid-pp", type=click.IntRange(1), help="Grid prompt tokens (arena-v2: 2048).")
@@ -163,6 +180,11 @@ def run_cmd(**kw: Any) -> None:
     if bad:
         raise UserError(f"unknown workload(s): {', '.join(bad)}", hint=f"valid: {', '.join(WORKLOADS)}")
     grid = None
+    from sparkctl.bench import t1
+
+    workloads, profile, kw["grid"] = t1.select(
+        kw["profile"], kw["profile_set"], workloads, bool(kw["workloads"]), kw["grid"], resume=kw["resume"]
+    )
     if kw["grid"] or "grid" in workloads:
         grid = grids.get_grid(
             kw["grid"] or "arena-v2",
@@ -194,6 +216,7 @@ def run_cmd(**kw: Any) -> None:
         requests_per_level=kw["requests"],
         grid=grid,
         slo=_slo(kw["slo"]),
+        profile=profile,
     )
     if 0 in cfg.concurrency:
         raise UserError("--concurrency levels must be at least 1")
@@ -210,6 +233,8 @@ def run_cmd(**kw: Any) -> None:
         tokenizer=kw["tokenizer"],
         timeout_s=kw["timeout"],
         config=cfg,
+        resume=kw["resume"],
+        t2=kw["t2"],
     )
     from sparkctl.bench.progress import RichProgress
 
@@ -275,6 +300,65 @@ def _api_key_input(value: str | None) -> str | None:
             "--api-key on the command line is visible to every local user (ps); set OPENAI_API_KEY or pass --api-key - (stdin)"
         )
     return value
+
+
+@bench_cmd.command(
+    "boot", short_help="Cold start in stages, per load path (default, pre-warm, fast loaders)."
+)
+@click.argument("recipe")
+@set_option
+@click.option("--variants", help="Comma list of variants to run (default: all the installed vLLM offers).")
+@click.option(
+    "--repeat", type=click.IntRange(1), default=1, show_default=True, help="Starts per variant (medians)."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    help="Output folder [./sparkctl-bench/RECIPE-boot-TIME].",
+)
+@json_option
+def boot_cmd(
+    recipe: str, sets: tuple[str, ...], variants: str | None, repeat: int, out_dir: Path | None, as_json: bool
+) -> None:
+    """Start RECIPE from a cold page cache once per load path and time each stage.
+
+    launched -> port open -> weights loaded -> healthy -> first token, for the default loader, with
+    pre-warm, and each alternative the installed vLLM offers (a path that refuses to start is kept
+    with the engine's reason). Writes boot.json and boot.html; the fastest path is named.
+    """
+    from sparkctl.bench import boot
+    from sparkctl.bench import record as records
+
+    only = tuple(v.strip() for v in variants.split(",") if v.strip()) if variants else ()
+    rec = boot.run(
+        recipe, only=only, base_sets=sets, repeat=repeat, progress=_NoteProgress(_console(stderr=True))
+    )
+    paths = boot.write(rec, out_dir or records.default_out_dir(f"{recipe}-boot"))
+    if as_json:
+        output.json(rec)
+    else:
+        from rich.table import Table
+
+        from sparkctl.bench.tables import BOOT_COLUMNS, boot_rows
+
+        table = Table(title=f"sparkctl bench boot · {recipe} · fastest: {rec['fastest'] or '-'}")
+        for c in BOOT_COLUMNS:
+            table.add_column(c, justify="left" if c in ("variant", "cache", "note") else "right")
+        for r in boot_rows(rec):
+            table.add_row(*r)
+        output.table(table)
+    err = _console(stderr=True)
+    for p in paths:
+        err.print(f"[dim]wrote[/] {p}")
+
+
+class _NoteProgress:
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def note(self, message: str) -> None:
+        self.console.print(f"[dim]… {message}[/]")
 
 
 @bench_cmd.command("compare", short_help="Before -> after across bench records (or llama-benchy JSON).")

@@ -158,7 +158,7 @@
     svg.classList.add("line-chart");
     var x0 = 60, y0 = 20, plotW = W - x0 - 150, plotH = H - y0 - 60;
     var xs = [], max = 0;
-    o.series.forEach(function (s) { s.points.forEach(function (p) { if (xs.indexOf(p[0]) < 0) xs.push(p[0]); max = Math.max(max, p[1] || 0); }); });
+    o.series.forEach(function (s) { s.points.forEach(function (p) { if (xs.indexOf(p[0]) < 0) xs.push(p[0]); max = Math.max(max, p[1] || 0, p[3] || 0); }); });
     xs.sort(function (a, b) { return a - b; });
     max = niceMax(max);
     axisY(svg, x0, y0, plotH, max, o.unit, plotW);
@@ -171,8 +171,14 @@
       var color = COLORS[j % COLORS.length];
       el("polyline", { points: pts.map(function (p) { return px(p[0]) + "," + py(p[1]); }).join(" "), fill: "none", stroke: color, "stroke-width": 2, "stroke-dasharray": s.dashed ? "5 3" : "" }, svg);
       pts.forEach(function (p) {
+        var label = s.name + " @ " + o.xlabel + " " + p[0] + ": " + fmt(p[1]) + " " + o.unit;
+        if (p[2] != null && p[3] != null) {  // spread: p10-p90 whisker around the median
+          el("line", { x1: px(p[0]), x2: px(p[0]), y1: py(p[3]), y2: py(p[2]), stroke: color, "stroke-width": 1, class: "whisker" }, svg);
+          label += " (p10–p90 " + fmt(p[2]) + "–" + fmt(p[3]) + ")";
+        }
+        if (p[4]) label += ", " + p[4];
         var c = el("circle", { cx: px(p[0]), cy: py(p[1]), r: 4, fill: color, class: "point" }, svg);
-        hover(c, s.name + " @ " + o.xlabel + " " + p[0] + ": " + fmt(p[1]) + " " + o.unit);
+        hover(c, label);
       });
     });
     el("line", { x1: x0, x2: x0 + plotW, y1: y0 + plotH, y2: y0 + plotH, stroke: "#6b7280" }, svg);
@@ -278,7 +284,12 @@
       variants.forEach(function (v) {
         var lv = ((v.workloads || {}).concurrency || {}).levels || [];
         series.push({ name: v.label + " aggregate", points: lv.map(function (l) { return [l.concurrency, l.aggregate_tps]; }) });
-        series.push({ name: v.label + " per stream", dashed: true, points: lv.map(function (l) { return [l.concurrency, l.per_stream_decode_tps]; }) });
+        series.push({ name: v.label + " aggregate while decoding", dashed: true, points: lv.map(function (l) { return [l.concurrency, (l.per_stream_decode || {}).aggregate_decode_tps]; }) });
+        series.push({ name: v.label + " per stream (median)", dashed: true, points: lv.map(function (l) {
+          var d = l.per_stream_decode || {};
+          var note = (d.source ? d.source + "-side" : "") + (d.nonphysical ? ", " + d.nonphysical + " non-physical sample(s) left out" : "");
+          return [l.concurrency, l.per_stream_decode_tps, d.p10_tps, d.p90_tps, note];
+        }) });
       });
       lineChart(s3, { title: "Throughput vs concurrency", xlabel: "concurrent streams", unit: "tok/s", series: series });
       lineChart(s3, {
@@ -326,6 +337,36 @@
         });
       });
     });
+    variants.forEach(function (v) {
+      var t1 = (v.workloads || {}).t1;
+      if (!t1 || !t1.tasks || !t1.tasks.length) return;
+      var s6 = section(root, "T1 " + (t1.profile ? t1.profile.name : "") + (variants.length > 1 ? " · " + v.label : ""));
+      var depths = [], concs = [], shapes = [];
+      t1.tasks.forEach(function (t) {
+        if (depths.indexOf(t.depth) < 0) depths.push(t.depth);
+        if (concs.indexOf(t.concurrency) < 0) concs.push(t.concurrency);
+        var sh = "pp" + t.pp + "/tg" + t.tg;
+        if (shapes.indexOf(sh) < 0) shapes.push(sh);
+      });
+      depths.sort(function (a, b) { return a - b; });
+      concs.sort(function (a, b) { return a - b; });
+      function task(d, c, sh) { return t1.tasks.find(function (x) { return x.depth === d && x.concurrency === c && "pp" + x.pp + "/tg" + x.tg === sh; }); }
+      shapes.forEach(function (sh) {
+        heatMap(s6, {
+          title: "T1 tg t/s · " + sh + " · depth × concurrency", unit: "tok/s", rows: depths, cols: concs,
+          values: depths.map(function (d) { return concs.map(function (c) { var t = task(d, c, sh); return t && t.tg_throughput ? t.tg_throughput.mean : null; }); }),
+        });
+      });
+      [["tg_throughput", "T1 tg t/s per depth", "tok/s"], ["e2e_ttft", "T1 end-to-end TTFT per depth", "ms"]].forEach(function (m) {
+        var series = [];
+        depths.forEach(function (d) {
+          shapes.forEach(function (sh) {
+            series.push({ name: "d" + d + " " + sh, points: concs.map(function (c) { var t = task(d, c, sh); return [c, t && t[m[0]] ? t[m[0]].mean : null]; }) });
+          });
+        });
+        lineChart(s6, { title: m[1], xlabel: "concurrent streams", unit: m[2], series: series });
+      });
+    });
     if (!root.querySelector("svg")) {
       var p = document.createElement("p");
       p.textContent = "No measurements in this record.";
@@ -343,6 +384,21 @@
     s.appendChild(grid);
     root.appendChild(s);
     return grid;
+  }
+
+  // bench boot: each variant's stage stamps (seconds from `up`), one bar group per stage
+  function drawBoot(rec) {
+    var root = document.getElementById("charts");
+    var sec = section(root, "Cold start stages · " + rec.recipe);
+    var ok = rec.variants.filter(function (v) { return v.ok; });
+    barChart(sec, {
+      title: "Seconds from `up` to each stage", unit: "s", categories: rec.stages,
+      series: ok.map(function (v) { return { name: v.label, values: rec.stages.map(function (k) { var x = (v.stages_s || {})[k]; return x === undefined ? null : x; }) }; }),
+    });
+    barChart(sec, {
+      title: "Time to first token vs the default loader", unit: "x", categories: ok.map(function (v) { return v.label; }),
+      series: [{ name: "first token ratio", values: ok.map(function (v) { return v.first_token_ratio; }) }],
+    });
   }
 
   function drawCompare(cmp) {
@@ -369,7 +425,7 @@
     var data = JSON.parse(raw);
     var dl = document.getElementById("download");
     dl.addEventListener("click", function () { download(dl.getAttribute("data-name"), raw, "application/json"); });
-    if (data.rows && data.files) drawCompare(data); else draw(data);
+    if (data.rows && data.files) drawCompare(data); else if (data.schema === "sparkctl-boot/1") drawBoot(data); else draw(data);
     document.body.setAttribute("data-charts", String(document.querySelectorAll("#charts svg").length));
   });
 })();
