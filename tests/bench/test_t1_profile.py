@@ -79,6 +79,7 @@ def test_a_refused_start_keeps_the_root_cause_not_the_wrapper(tmp_path) -> None:
     assert boot._refusal(log) == "RuntimeError: Invalid device string: 'cuda:cpu'"
 
 
+@pytest.mark.slow  # runs a stand-in nvidia-smi script
 def test_gpu_sampler_reads_clocks_and_falls_back_on_an_older_driver(tmp_path) -> None:
     """No NVIDIA GPU on the CI box: a script answers as nvidia-smi 535 does (CSV, no units), and
     refuses `clocks_event_reasons` the way drivers before 535 do, so the fallback query is used."""

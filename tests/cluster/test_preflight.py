@@ -90,6 +90,7 @@ def _docker_ok() -> bool:
     )
 
 
+@pytest.mark.docker
 @pytest.mark.skipif(not _docker_ok(), reason="needs a Docker engine")
 def test_image_digest_and_ray_in_the_image(tmp_path: Path) -> None:
     image = "sparkctl-test:cpu"

@@ -21,7 +21,7 @@ from sparkctl.planner.render import render
 from sparkctl.planner.types import Mount
 from sparkctl.runtimes.docker import create_kwargs
 
-pytestmark = pytest.mark.usefixtures("test_image", "no_leaks")
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("test_image", "no_leaks")]
 
 
 def _config(attrs: dict[str, Any]) -> dict[str, Any]:

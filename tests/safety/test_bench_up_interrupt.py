@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from ctrl_c import sigint_default
 from sparkctl_proc import sparkctl_env
+
+pytestmark = pytest.mark.slow  # starts local processes (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = Path(__file__).with_name("fake_engine.py")

@@ -20,6 +20,8 @@ from sparkctl_proc import run_sparkctl
 
 from sparkctl.server.ports import free_port
 
+pytestmark = pytest.mark.slow  # starts local processes (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("fake_engine.py")
 

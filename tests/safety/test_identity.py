@@ -21,6 +21,8 @@ import psutil
 import pytest
 from sparkctl_proc import run_sparkctl
 
+pytestmark = pytest.mark.slow  # starts local processes (tests/conftest.py)
+
 TREE = """
 import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(600)"])

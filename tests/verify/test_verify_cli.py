@@ -8,8 +8,10 @@ from pathlib import Path
 
 import exl3_real
 import pytest
-from verify_packs import fixture_copy, set_storage
 from sparkctl_proc import run_sparkctl
+from verify_packs import fixture_copy, set_storage
+
+pytestmark = pytest.mark.slow  # starts local processes (tests/conftest.py)
 
 FIXTURE = "qwen3moe-4.0-mcg"
 
