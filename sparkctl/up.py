@@ -161,14 +161,20 @@ def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     )
     cluster = None
     if across:
+        if key is not None:  # stored before launch (below); every node's part is planned with its file
+            from sparkctl.paths import api_key_file
+
+            plan = dataclasses.replace(plan, api_key_file=str(api_key_file(plan.recipe_name)))
         cluster = _cluster(recipe, plan, opts, rep, timings)
+        plan = dataclasses.replace(plan, runtime="cluster", cluster=cluster)
     for w in plan.warnings:
         if cluster is None or not w.startswith("cluster."):  # per-node values replace these
             rep.warn(w)
     if opts.dry_run:
         return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster, unit=unit)
     if cluster is not None:
-        return _start_cluster(opts, plan, cluster, rep, t_start, timings)
+        with state_files.starting(plan.recipe_name):
+            return _start_cluster(opts, plan, cluster, rep, t_start, timings, key)
     with state_files.starting(plan.recipe_name):
         return _start(opts, recipe, plan, local, rep, t_start, timings, key)
 
@@ -423,28 +429,37 @@ def _build_image(recipe: Any, rep: Reporter) -> None:
 
 
 def _start_cluster(
-    opts: UpOptions, plan: Plan, cluster: Any, rep: Reporter, t_start: float, timings: dict[str, float]
+    opts: UpOptions,
+    plan: Plan,
+    cluster: Any,
+    rep: Reporter,
+    t_start: float,
+    timings: dict[str, float],
+    key: str | None = None,
 ) -> UpResult:
     """Start every node's part (preflight passed), wait for the endpoint on the head, smoke-test it; a
     failure stops every node's part again. The model must already be on every node (the preflight says)."""
-    from sparkctl.cluster import run as cluster_run
+    from sparkctl.server.auth import key_of
 
-    existing = cluster_run.load(plan.recipe_name)
+    runtime = get_runtime(plan.runtime)
+    if opts.restart:
+        _stop_previous(plan, rep)
+    existing = _existing(plan, runtime, rep, port_asked=opts.overrides.port_asked)
     if existing is not None:
-        if opts.restart:
-            cluster_run.stop(existing)
-        else:
-            rows = cluster_run.status_rows(existing)
-            if rows and all(r["running"] for r in rows):
-                return UpResult(plan=plan, already_running=True, timings=timings, cluster=cluster)
-            cluster_run.stop(existing)  # a half-dead cluster: clear it and start again
-    nodes = cluster.report.nodes
+        return UpResult(plan=plan, state=existing, already_running=True, timings=timings, cluster=cluster)
+    if key is not None:
+        from sparkctl.server import auth
+
+        auth.store(plan.recipe_name, plan.engine, key)
     t = time.monotonic()
-    state = cluster_run.start(
-        cluster.launch, nodes, plan.base_url, plan.served_model_name, lambda line: rep.step("node", line)
-    )
-    timings["launch"] = time.monotonic() - t
+    server: ServerState | None = None
     try:
+        with _interrupts_held():
+            server = runtime.start(
+                plan, state_files.log_path(plan.recipe_name), lambda line: rep.step("node", line)
+            )
+        state_files.save(server)
+        timings["launch"] = time.monotonic() - t
         t = time.monotonic()
         with rep.waiting(plan.recipe_name) as on_tick:
             wait_healthy(
@@ -452,33 +467,30 @@ def _start_cluster(
                 plan.served_model_name,
                 label=plan.recipe_name,
                 timeout_s=plan.health_timeout_s,
-                exit_detail=lambda: _cluster_exit(cluster_run, state),
-                last_lines=lambda n: cluster_run.log_lines(state, tail=n)[-n:],
+                exit_detail=lambda: runtime.exit_detail(server),
+                last_lines=lambda n: _last_lines(runtime, server, n)[-n:],
                 on_tick=on_tick,
+                api_key=key_of(plan.api_key_file),
             )
         timings["health"] = time.monotonic() - t
         rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", timings["health"])
-        result = UpResult(plan=plan, timings=timings, cluster=cluster)
+        result = UpResult(plan=plan, state=server, timings=timings, cluster=cluster)
         result.seconds_to_healthy = time.monotonic() - t_start
         if opts.smoke:
             t = time.monotonic()
-            reply = smoke_test(plan.base_url, plan.served_model_name)
+            reply = smoke_test(plan.base_url, plan.served_model_name, api_key=key_of(plan.api_key_file))
             timings["smoke"] = time.monotonic() - t
             result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
             rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
+        if key is not None and opts.api_key == "generate":
+            result.api_key_generated = key
         return result
     except BaseException:
-        with contextlib.suppress(Exception):
-            cluster_run.stop(state)
+        if server is not None:
+            _cleanup(runtime, server)
+        if key is not None and opts.api_key == "generate":
+            Path(plan.api_key_file or "").unlink(missing_ok=True)
         raise
-
-
-def _cluster_exit(cluster_run: Any, state: Any) -> str | None:
-    """Why the cluster cannot become healthy any more: the first of its parts that is no longer running."""
-    for row in cluster_run.status_rows(state):
-        if not row["running"]:
-            return f"{row['what']} on {row['node']} is not running"
-    return None
 
 
 def _cluster(recipe: Any, plan: Plan, opts: UpOptions, rep: Reporter, timings: dict[str, float]) -> Any:

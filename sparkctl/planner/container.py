@@ -66,7 +66,7 @@ class ContainerRun:
     init: bool
     labels: dict[str, str]
     restart_policy: str
-    healthcheck: Healthcheck
+    healthcheck: Healthcheck | None  # None: serves no HTTP (a cluster worker), the image's check is off
 
 
 def container_name_for(recipe_name: str) -> str:

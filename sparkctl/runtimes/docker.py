@@ -16,7 +16,7 @@ import contextlib
 import functools
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +34,7 @@ from sparkctl.planner.container import (  # re-exported: the labels and the name
     container_name_for,  # noqa: F401
     container_run,
 )
+from sparkctl.runtimes import base
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
@@ -181,7 +182,9 @@ def create_kwargs(run: ContainerRun) -> dict[str, Any]:
         # No auto-remove: the log of a container that died during start-up is what explains it.
         "auto_remove": False,
         "init": run.init,
-        "healthcheck": {
+        "healthcheck": {"test": ["NONE"]}
+        if h is None
+        else {
             "test": ["CMD-SHELL", h.command],
             "interval": h.interval_s * _NS,
             "timeout": h.timeout_s * _NS,
@@ -254,6 +257,7 @@ class DockerRuntime:
     """Runtime protocol implementation for `runtime: docker` recipes (see sparkctl.runtimes.base)."""
 
     name = "docker"
+    capabilities = frozenset({base.PERSIST, base.API_KEY, base.LOCAL_MODEL, base.WATCHDOG})
 
     def __init__(self, *, image: str | None = None, timeout_s: float = 10.0) -> None:
         # `image`, when known up front, lets `check()` also report a missing image (doctor, `up`).
@@ -276,10 +280,18 @@ class DockerRuntime:
         if self.image:
             ensure_image(self.image, self._client)
 
+    def ensure_ready(self, plan: Plan) -> Plan:
+        """The image must be here before a model download (a missing image costs seconds, not a fetch)."""
+        ensure_plan_image(plan)
+        return plan
+
+    def parts(self, state: ServerState) -> list[dict[str, Any]]:
+        return []
+
     # -- start --------------------------------------------------------------------------------------
 
     @_daemon_errors
-    def start(self, plan: Plan, log_path: Path) -> ServerState:
+    def start(self, plan: Plan, log_path: Path, progress: Callable[[str], None] | None = None) -> ServerState:
         """Create and start the container; return at once (the caller gates on health).
 
         On any failure after the container exists it is removed again, so a failed start leaves

@@ -21,11 +21,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from sparkctl.errors import RuntimeFailure, write_failure
 from sparkctl.planner.types import Plan
+from sparkctl.runtimes import base
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.shm import held_segments, remove_leftovers
@@ -56,6 +58,7 @@ class NativeRuntime:
     """Runtime protocol implementation for a host process (see sparkctl.runtimes.base.Runtime)."""
 
     name = "native"
+    capabilities = frozenset({base.PERSIST, base.API_KEY, base.LOCAL_MODEL, base.WATCHDOG})
 
     def __init__(self) -> None:
         # Children started by this process: kept so they can be reaped (no zombies while `up` waits)
@@ -63,6 +66,14 @@ class NativeRuntime:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- protocol ------------------------------------------------------------------------------------
+
+    def ensure_ready(self, plan: Plan) -> Plan:
+        """The engine's executable must be installed: said before a download of many GB, not after."""
+        require_executable(plan)
+        return plan
+
+    def parts(self, state: ServerState) -> list[dict[str, Any]]:
+        return []
 
     def check(self) -> None:
         """The native runtime needs POSIX process groups; everything else is checked at start."""
@@ -72,7 +83,7 @@ class NativeRuntime:
                 hint="use the docker runtime: --runtime docker",
             )
 
-    def start(self, plan: Plan, log_path: Path) -> ServerState:
+    def start(self, plan: Plan, log_path: Path, progress: Callable[[str], None] | None = None) -> ServerState:
         """Spawn `plan.argv` with `plan.env` in a new session; stdout and stderr go to `log_path`."""
         if not plan.argv:
             raise RuntimeFailure(f"recipe {plan.recipe_name}: the plan has an empty command line")
