@@ -40,6 +40,9 @@ class RichReporter:
 
         self.console.print(f"[yellow]![/] {escape(message)}")
 
+    def stage(self, name: str) -> None:
+        """Each stage says what it did when it finishes (`step`); a start needs no line of its own."""
+
     @contextlib.contextmanager
     def building(self, image: str) -> Iterator[Callable[[Any], None]]:
         from sparkctl.commands.image import BuildProgress, print_failure
@@ -169,7 +172,8 @@ def up_cmd(
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
 
-    Stages: validate, doctor, image, fetch, memory, prewarm, launch, health, smoke. A failed or
+    Stages: validate, plan, dry-run, reconcile, doctor, ready, fetch, prepare, prewarm, launch, health,
+    smoke, persist (printed as they go; a cluster skips the local model's). A failed or
     interrupted start stops what it started. Running it again for a healthy recipe just reports it
     (--restart stops it and starts it again).
     """

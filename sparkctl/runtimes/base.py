@@ -79,6 +79,13 @@ class Runtime(Protocol):
     def parts(self, state: ServerState) -> list[dict[str, Any]]:
         """One record per part on each node (`status` shows them); [] for a single-node server."""
 
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        """`up --persist` (PERSIST): what brings the server back after a reboot, as (path, text) when it
+        is a file (a systemd unit), None when the plan carries it (a restart policy). `install` False:
+        only rendered, for the dry run and to refuse a bad value before anything starts."""
+
 
 def check_capabilities(runtime: Runtime, needed: Iterable[str], why: dict[str, str]) -> None:
     """Refuse, before any work, a request this runtime cannot honour (`why[capability]` says which)."""

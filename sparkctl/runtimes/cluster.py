@@ -126,6 +126,11 @@ class ClusterRuntime:
     def parts(self, state: ServerState) -> list[dict[str, Any]]:
         return status_rows(state)
 
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        raise UserError("the cluster runtime cannot do --persist")  # refused earlier: no PERSIST capability
+
     def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
         stop(state, timeout_s)
 

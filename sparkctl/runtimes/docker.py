@@ -288,6 +288,12 @@ class DockerRuntime:
     def parts(self, state: ServerState) -> list[dict[str, Any]]:
         return []
 
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        """`up --persist`: the container's restart policy (in the plan already) is all it takes."""
+        return None
+
     # -- start --------------------------------------------------------------------------------------
 
     @_daemon_errors

@@ -75,6 +75,18 @@ class NativeRuntime:
     def parts(self, state: ServerState) -> list[dict[str, Any]]:
         return []
 
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        """`up --persist`: a systemd user unit, (path, text); rendered (strict: refusing what a unit cannot
+        hold) before anything starts, installed once healthy."""
+        from sparkctl.runtimes import systemd
+
+        if install:
+            unit = systemd.install(plan, log_path)
+            return str(unit), unit.read_text()
+        return str(systemd.unit_path(plan.recipe_name)), systemd.render_unit(plan, log_path, strict=strict)
+
     def check(self) -> None:
         """The native runtime needs POSIX process groups; everything else is checked at start."""
         if os.name != "posix":
