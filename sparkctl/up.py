@@ -135,6 +135,7 @@ class UpResult:
 def doctor_checks_for(plan: Plan) -> list[str]:
     """Only the checks this launch depends on: a CPU-only native server needs no GPU or Docker."""
     from sparkctl.doctor import needs_of
+    from sparkctl.planner.adapters import adapter_for
 
     needs = needs_of(plan)
     names = ["memory", "disk"]
@@ -146,8 +147,9 @@ def doctor_checks_for(plan: Plan) -> list[str]:
         names.append("nvidia-runtime")
     if needs.token:
         names.append("hf-token")
-    if needs.engine in ("llama.cpp", "freetoken") and plan.runtime == "native":
-        names.append(needs.engine)  # the binary/venv sparkctl installs, its build, CUDA where needed
+    check = adapter_for(plan.engine).doctor_check
+    if check is not None and plan.container is None:
+        names.append(check)  # the binary/venv sparkctl installs natively, its build, CUDA where needed
     return names
 
 

@@ -41,6 +41,7 @@ class NodeStep:
     # native steps: env files sourced first (the API key's 0600 file: the key is never on a command line)
     env_files: tuple[str, ...] = ()
     wait_gpus: int | None = None  # a wait step: poll `argv` until Ray lists this many GPUs
+    server: bool = False  # the server itself (in a running container: started detached, its log kept there)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                     "head",
                     f"the server, {_shape(cluster)} over Ray",
                     ("docker", "exec", name, *plan.argv),
+                    server=True,
                 )
             )
         else:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -15,15 +14,9 @@ from typing import Any
 from sparkctl.errors import UserError
 from sparkctl.models.generators import GENERATORS
 from sparkctl.models.source import PrepareSteps
-from sparkctl.planner import engine_bins
-from sparkctl.planner.engines import (
-    check_extra_args,
-    check_kv_dtype,
-    freetoken_argv,
-    llamacpp_argv,
-    vllm_argv,
-)
-from sparkctl.planner.memory import gib, plan_memory
+from sparkctl.planner.adapters import adapter_for
+from sparkctl.planner.engines import check_extra_args, check_kv_dtype
+from sparkctl.planner.memory import plan_memory
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
 
 CONTAINER_MODEL_ROOT = "/models"
@@ -95,15 +88,7 @@ def _abs(path: str) -> str:
 def default_entrypoint(recipe: Any) -> list[str]:
     if recipe.engine.entrypoint:
         return list(recipe.engine.entrypoint)
-    if recipe.engine.name == "llama.cpp":
-        if recipe.runtime == "docker":
-            return ["llama-server"]  # the image's own
-        return [engine_bins.llama_server_command(recipe.engine.device)]
-    if recipe.engine.name == "freetoken":
-        return ["ft" if recipe.runtime == "docker" else engine_bins.freetoken_command(), "serve"]
-    if recipe.runtime == "docker":
-        return ["vllm", "serve"]
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    return adapter_for(recipe.engine.name).entrypoint(recipe, docker=recipe.runtime == "docker")
 
 
 def _pick_gguf(directory: Path, recipe: Any) -> str | None:
@@ -155,6 +140,7 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     notes: list[str] = []
     rhash = recipe_hash(recipe)
     docker = recipe.runtime == "docker"
+    engine = adapter_for(recipe.engine.name)
     entrypoint = default_entrypoint(recipe)
     mounts: list[Mount] = []
 
@@ -183,32 +169,9 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     else:
         model_arg = recipe.model.repo
         revision = recipe.model.revision
-        if recipe.engine.name == "llama.cpp":
-            if recipe.model.gguf_file:
-                gguf_model = {"hf": recipe.model.repo, "file": recipe.model.gguf_file}
-            elif recipe.model.quant:
-                gguf_model = {"hf": f"{recipe.model.repo}:{recipe.model.quant}"}
-            else:
-                raise UserError(
-                    "a GGUF repo needs model.gguf_file or model.quant to pick the file llama-server loads"
-                )
-            if revision:
-                notes.append(
-                    f"llama-server downloads the newest revision; {revision} is checked by `up` only"
-                )
+        gguf_model = engine.hub_model(recipe, notes)
 
-    if recipe.engine.name == "vllm":
-        argv = vllm_argv(recipe, entrypoint, model_arg, revision)
-        if recipe.model.prepare is not None and recipe.model.prepare.chat_template:
-            from sparkctl.prepare.plan import CHAT_TEMPLATE_NAME
-
-            argv += ["--chat-template", f"{model_arg}/{CHAT_TEMPLATE_NAME}"]
-    elif recipe.engine.name == "freetoken":
-        if gguf_model.get("path"):
-            model_arg = gguf_model["path"]
-        argv = freetoken_argv(recipe, entrypoint, model_arg)
-    else:
-        argv = llamacpp_argv(recipe, entrypoint, gguf_model)
+    argv = engine.argv(recipe, entrypoint, model_arg, revision, gguf_model)
 
     env = _env(recipe, warnings, notes)
 
@@ -323,18 +286,7 @@ def _overlay_link_roots(recipe: Any, steps: PrepareSteps) -> list[str]:
 
 
 def _fit_hint(recipe: Any) -> str:
-    s = recipe.serve
-    if recipe.engine.name == "llama.cpp":
-        return f"lower serve.max_model_len (now {s.max_model_len}) or use a smaller quant"
-    if s.kv_cache_memory_bytes is not None:
-        return (
-            f"lower serve.max_model_len (now {s.max_model_len}) or adjust serve.kv_cache_memory_bytes "
-            f"(now {gib(s.kv_cache_memory_bytes)}), e.g. --set serve.max_model_len=32768"
-        )
-    return (
-        f"lower serve.max_model_len (now {s.max_model_len}), raise serve.gpu_memory_utilization, or use "
-        "a kv_cache_dtype of fp8, e.g. --set serve.max_model_len=32768"
-    )
+    return adapter_for(recipe.engine.name).fit_hint(recipe)
 
 
 def _env(recipe: Any, warnings: list[str], notes: list[str]) -> dict[str, str]:

@@ -74,8 +74,9 @@ def kv_element_bytes(recipe: Any) -> float:
     dtype = recipe.serve.kv_cache_dtype
     if dtype == "auto":
         dtype = "float32" if recipe.serve.dtype == "float32" else "bfloat16"
-    if recipe.engine.name == "llama.cpp" and dtype == "bfloat16" and recipe.serve.kv_cache_dtype == "auto":
-        dtype = "f16"  # llama-server's default cache type
+    from sparkctl.planner.adapters import adapter_for
+
+    dtype = adapter_for(recipe.engine.name).kv_dtype(recipe, dtype)
     try:
         return _DTYPE_BYTES[dtype]
     except KeyError:
@@ -225,15 +226,19 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
         notes.append(f"kv geometry from the model's config.json: {per_token:,} B/token")
     need_tokens = serve.max_model_len
 
-    if recipe.engine.name in ("llama.cpp", "freetoken"):
+    from sparkctl.planner.adapters import adapter_for
+
+    engine = adapter_for(recipe.engine.name)
+    if engine.kv_up_front:
         # llama-server allocates the whole -c context up front: max_model_len for each of its -np slots;
         # FreeToken sizes its KV from free memory, counted here as the same max_model_len per sequence
         need_tokens = serve.max_model_len * (serve.max_num_seqs or 1)
         kv = need_tokens * per_token
         budget = weights + kv + overhead
         if per_token:
-            who = "llama-server" if recipe.engine.name == "llama.cpp" else "FreeToken (at least)"
-            notes.append(f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by {who}")
+            notes.append(
+                f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by {engine.kv_owner}"
+            )
     elif serve.kv_cache_memory_bytes is not None:
         kv = serve.kv_cache_memory_bytes
         budget = weights + kv + overhead
@@ -266,7 +271,7 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
     if per_token == 0:
         notes.append("kv bytes per token unknown (model.kv not set): context capacity not checked")
 
-    if kv <= 0 and not (recipe.engine.name in ("llama.cpp", "freetoken") and per_token == 0):
+    if kv <= 0 and not (engine.kv_up_front and per_token == 0):
         problems.append(
             f"no room for a KV cache: weights {gib(weights)} + overhead {gib(overhead)} exceed the "
             f"engine budget {gib(budget)}"

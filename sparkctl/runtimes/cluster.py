@@ -147,7 +147,7 @@ def _run_step(node: Node, step: NodeStep, recipe: str, index: int) -> Started | 
         run_on(node, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true\n", timeout_s=60)
         out = _check(node, shlex.join(argv), step.what, timeout_s=600)
         return Started(step.node, "container", out.strip().splitlines()[-1][:64], step.what, container=name)
-    if argv[:2] == ["docker", "exec"] and "vllm" in argv:
+    if argv[:2] == ["docker", "exec"] and step.server:
         name = argv[2]
         log_file = f"/tmp/sparkctl-{recipe}-server.log"
         inner = shlex.join(argv[3:])

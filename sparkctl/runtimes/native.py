@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from sparkctl.errors import RuntimeFailure, write_failure
+from sparkctl.planner.adapters import adapter_for
 from sparkctl.planner.types import Plan
 from sparkctl.runtimes import base
 from sparkctl.runtimes.base import ServerState
@@ -43,15 +44,8 @@ def require_executable(plan: Plan) -> None:
     if plan.argv and shutil.which(plan.argv[0]) is None:
         raise RuntimeFailure(
             f"cannot start {plan.recipe_name}: executable {plan.argv[0]!r} not found",
-            hint=_INSTALL_HINTS.get(plan.engine, _INSTALL_HINTS["vllm"]) + " or set engine.entrypoint",
+            hint=adapter_for(plan.engine).install_hint + " or set engine.entrypoint",
         )
-
-
-_INSTALL_HINTS = {
-    "vllm": "install the engine (for vLLM on the CPU: make install-vllm)",
-    "llama.cpp": "build the pinned llama-server: make llama-server",
-    "freetoken": "install FreeToken into its venv: make freetoken",
-}
 
 
 class NativeRuntime:
