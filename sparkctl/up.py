@@ -606,9 +606,12 @@ def _already_local(recipe: Any) -> Path | None:
 
 
 def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
-    from sparkctl.planner import plan
+    from sparkctl.planner.build import make_plan
+    from sparkctl.planner.facts import gather_facts
 
-    made = plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+    # what this machine has (model files, binaries, memory, key file, link targets), then the pure planner
+    facts = gather_facts(recipe, str(model_path) if model_path else None)
+    made = make_plan(recipe, facts, check_memory=not opts.force)
     if opts.persist and made.container is not None:  # native: a systemd user unit once healthy (_launch)
         made = dataclasses.replace(
             made, container=dataclasses.replace(made.container, restart_policy="unless-stopped")

@@ -5,23 +5,22 @@ its adapter (sparkctl.planner.adapters)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkctl.errors import UserError
+from sparkctl.recipe.schema import Recipe
 
 
 def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
-def check_kv_dtype(recipe: Any) -> list[str]:
+def check_kv_dtype(recipe: Recipe) -> list[str]:
     """Unknown KV dtypes: the engine's adapter says (an error where the engine exits on them)."""
     from sparkctl.planner.adapters import adapter_for
 
     return adapter_for(recipe.engine.name).check_kv_dtype(recipe)
 
 
-def check_extra_args(recipe: Any) -> list[str]:
+def check_extra_args(recipe: Recipe) -> list[str]:
     """Refuse removed flags; return warnings for flags known to misbehave."""
     from sparkctl.planner.adapters import adapter_for
 
@@ -62,7 +61,7 @@ _VLLM_ONLY = (
 _FREETOKEN_HAS = ("tool_call_parser", "reasoning_parser")
 
 
-def _refuse_vllm_only(recipe: Any, engine: str, allowed: tuple[str, ...] = ()) -> None:
+def _refuse_vllm_only(recipe: Recipe, engine: str, allowed: tuple[str, ...] = ()) -> None:
     serve = recipe.serve
     for name in _VLLM_ONLY:
         if name not in allowed and getattr(serve, name) is not None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+
+from sparkctl.recipe.schema import Recipe
 
 
 class EngineAdapter:
@@ -26,29 +27,34 @@ class EngineAdapter:
     # sparkctl builds the Spark image for this engine (`sparkctl build`, pins.py)
     builds_image: bool = False
 
-    def entrypoint(self, recipe: Any, *, docker: bool) -> list[str]:
+    def entrypoint(self, recipe: Recipe, *, docker: bool) -> list[str]:
         """The command prefix before the engine's flags (recipe.engine.entrypoint wins; see build)."""
         raise NotImplementedError
 
-    def hub_model(self, recipe: Any, notes: list[str]) -> dict[str, str]:
+    def hub_model(self, recipe: Recipe, notes: list[str]) -> dict[str, str]:
         """What the engine loads when the model is not on this machine (a GGUF pick); {} for a repo name."""
         return {}
 
     def argv(
-        self, recipe: Any, entrypoint: list[str], model_arg: str, revision: str | None, gguf: dict[str, str]
+        self,
+        recipe: Recipe,
+        entrypoint: list[str],
+        model_arg: str,
+        revision: str | None,
+        gguf: dict[str, str],
     ) -> list[str]:
         """The full engine command line."""
         raise NotImplementedError
 
-    def check_kv_dtype(self, recipe: Any) -> list[str]:
+    def check_kv_dtype(self, recipe: Recipe) -> list[str]:
         """Warnings for the recipe's KV dtype; a UserError for one the engine refuses."""
         return []
 
-    def kv_dtype(self, recipe: Any, dtype: str) -> str:
+    def kv_dtype(self, recipe: Recipe, dtype: str) -> str:
         """The KV dtype the engine actually caches in, for `dtype` resolved from 'auto'."""
         return dtype
 
-    def fit_hint(self, recipe: Any) -> str:
+    def fit_hint(self, recipe: Recipe) -> str:
         """What to change when the memory plan does not fit."""
         s = recipe.serve
         return f"lower serve.max_model_len (now {s.max_model_len}) or use a smaller quant"

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sparkctl.errors import UserError
 from sparkctl.planner import engine_bins
 from sparkctl.planner.adapters.base import EngineAdapter
 from sparkctl.planner.engines import _FREETOKEN_HAS, _refuse_vllm_only
+from sparkctl.recipe.schema import Recipe
 
 
-def freetoken_argv(recipe: Any, entrypoint: list[str], model_arg: str) -> list[str]:
+def freetoken_argv(recipe: Recipe, entrypoint: list[str], model_arg: str) -> list[str]:
     """`ft serve` flags (FreeToken 0.2's CLI); `model_arg` is a local dir, a .gguf file or a hub repo id."""
     serve = recipe.serve
     opts = serve.freetoken
@@ -54,15 +53,20 @@ class FreeTokenAdapter(EngineAdapter):
     kv_up_front = True
     kv_owner = "FreeToken (at least)"
 
-    def entrypoint(self, recipe: Any, *, docker: bool) -> list[str]:
+    def entrypoint(self, recipe: Recipe, *, docker: bool) -> list[str]:
         return ["ft" if docker else engine_bins.freetoken_command(), "serve"]
 
     def argv(
-        self, recipe: Any, entrypoint: list[str], model_arg: str, revision: str | None, gguf: dict[str, str]
+        self,
+        recipe: Recipe,
+        entrypoint: list[str],
+        model_arg: str,
+        revision: str | None,
+        gguf: dict[str, str],
     ) -> list[str]:
         return freetoken_argv(recipe, entrypoint, gguf.get("path") or model_arg)
 
-    def check_kv_dtype(self, recipe: Any) -> list[str]:
+    def check_kv_dtype(self, recipe: Recipe) -> list[str]:
         dtype = recipe.serve.kv_cache_dtype
         if dtype != "auto":
             raise UserError(

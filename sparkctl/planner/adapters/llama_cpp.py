@@ -4,17 +4,17 @@ container), the GGUF it loads from a hub repo, its cache types, a KV allocated u
 from __future__ import annotations
 
 import difflib
-from typing import Any
 
 from sparkctl.errors import UserError
 from sparkctl.planner import engine_bins
 from sparkctl.planner.adapters.base import EngineAdapter
 from sparkctl.planner.engines import _refuse_vllm_only
+from sparkctl.recipe.schema import Recipe
 
 LLAMACPP_KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
-def llamacpp_ctx_size(recipe: Any) -> int:
+def llamacpp_ctx_size(recipe: Recipe) -> int:
     """llama-server's --ctx-size: the KV total of all slots, so max_model_len for each of max_num_seqs.
 
     `-c` is not per sequence: with `-np 4 -c 2048` every slot gets 512 tokens. Rendering
@@ -25,7 +25,7 @@ def llamacpp_ctx_size(recipe: Any) -> int:
     return recipe.serve.max_model_len * (recipe.serve.max_num_seqs or 1)
 
 
-def llamacpp_argv(recipe: Any, entrypoint: list[str], model: dict[str, str]) -> list[str]:
+def llamacpp_argv(recipe: Recipe, entrypoint: list[str], model: dict[str, str]) -> list[str]:
     """llama-server flags; `model` is {"path": file} or {"hf": "repo:quant"} / {"hf": repo, "file": f}."""
     serve = recipe.serve
     opts = serve.llama_cpp
@@ -91,11 +91,11 @@ class LlamaCppAdapter(EngineAdapter):
     kv_up_front = True
     kv_owner = "llama-server"
 
-    def entrypoint(self, recipe: Any, *, docker: bool) -> list[str]:
+    def entrypoint(self, recipe: Recipe, *, docker: bool) -> list[str]:
         # the image's own, or sparkctl's pinned build (`make llama-server`) / the one on PATH
         return ["llama-server"] if docker else [engine_bins.llama_server_command(recipe.engine.device)]
 
-    def hub_model(self, recipe: Any, notes: list[str]) -> dict[str, str]:
+    def hub_model(self, recipe: Recipe, notes: list[str]) -> dict[str, str]:
         m = recipe.model
         if m.gguf_file:
             gguf = {"hf": m.repo, "file": m.gguf_file}
@@ -110,11 +110,16 @@ class LlamaCppAdapter(EngineAdapter):
         return gguf
 
     def argv(
-        self, recipe: Any, entrypoint: list[str], model_arg: str, revision: str | None, gguf: dict[str, str]
+        self,
+        recipe: Recipe,
+        entrypoint: list[str],
+        model_arg: str,
+        revision: str | None,
+        gguf: dict[str, str],
     ) -> list[str]:
         return llamacpp_argv(recipe, entrypoint, gguf)
 
-    def check_kv_dtype(self, recipe: Any) -> list[str]:
+    def check_kv_dtype(self, recipe: Recipe) -> list[str]:
         dtype = recipe.serve.kv_cache_dtype
         if dtype not in LLAMACPP_KV_DTYPES:  # llama-server exits on an unknown cache type
             close = difflib.get_close_matches(dtype, LLAMACPP_KV_DTYPES, n=1)
@@ -125,7 +130,7 @@ class LlamaCppAdapter(EngineAdapter):
             )
         return []
 
-    def kv_dtype(self, recipe: Any, dtype: str) -> str:
+    def kv_dtype(self, recipe: Recipe, dtype: str) -> str:
         if dtype == "bfloat16" and recipe.serve.kv_cache_dtype == "auto":
             return "f16"  # llama-server's default cache type
         return dtype

@@ -11,6 +11,7 @@ from typing import Any
 
 from sparkctl.errors import UserError
 from sparkctl.planner.adapters.base import EngineAdapter
+from sparkctl.recipe.schema import Recipe
 
 # flag -> why it cannot be used with vLLM 0.33
 REMOVED_VLLM_FLAGS = {
@@ -40,7 +41,7 @@ VLLM_KV_DTYPES = (
 VLLM_KV_DTYPE_PREFIXES = ("turboquant_", "octave_", "ultraquant_")
 
 
-def capture_sizes(recipe: Any) -> list[int] | None:
+def capture_sizes(recipe: Recipe) -> list[int] | None:
     """CUDA-graph batch sizes: explicit, or derived so every speculative verify batch has a graph.
 
     A verify step with draft depth k scores k+1 tokens per sequence, so batches of (k+1)*s tokens for
@@ -74,7 +75,7 @@ def capture_sizes(recipe: Any) -> list[int] | None:
     return sorted(sizes)
 
 
-def speculative_json(recipe: Any) -> str:
+def speculative_json(recipe: Recipe) -> str:
     spec = recipe.serve.speculative
     config: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
     if spec.model:
@@ -83,7 +84,7 @@ def speculative_json(recipe: Any) -> str:
     return json.dumps(config, separators=(",", ":"))
 
 
-def vllm_argv(recipe: Any, entrypoint: list[str], model_arg: str, revision: str | None) -> list[str]:
+def vllm_argv(recipe: Recipe, entrypoint: list[str], model_arg: str, revision: str | None) -> list[str]:
     serve = recipe.serve
     cluster = recipe.cluster
     argv = list(entrypoint)
@@ -157,11 +158,16 @@ class VllmAdapter(EngineAdapter):
     removed_flags = REMOVED_VLLM_FLAGS
     builds_image = True
 
-    def entrypoint(self, recipe: Any, *, docker: bool) -> list[str]:
+    def entrypoint(self, recipe: Recipe, *, docker: bool) -> list[str]:
         return ["vllm", "serve"] if docker else [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
     def argv(
-        self, recipe: Any, entrypoint: list[str], model_arg: str, revision: str | None, gguf: dict[str, str]
+        self,
+        recipe: Recipe,
+        entrypoint: list[str],
+        model_arg: str,
+        revision: str | None,
+        gguf: dict[str, str],
     ) -> list[str]:
         argv = vllm_argv(recipe, entrypoint, model_arg, revision)
         if recipe.model.prepare is not None and recipe.model.prepare.chat_template:
@@ -170,7 +176,7 @@ class VllmAdapter(EngineAdapter):
             argv += ["--chat-template", f"{model_arg}/{CHAT_TEMPLATE_NAME}"]
         return argv
 
-    def check_kv_dtype(self, recipe: Any) -> list[str]:
+    def check_kv_dtype(self, recipe: Recipe) -> list[str]:
         dtype = recipe.serve.kv_cache_dtype
         if dtype in VLLM_KV_DTYPES or dtype.startswith(VLLM_KV_DTYPE_PREFIXES):
             return []
@@ -178,7 +184,7 @@ class VllmAdapter(EngineAdapter):
         suggestion = f" (did you mean {close[0]!r}?)" if close else ""
         return [f"serve.kv_cache_dtype {dtype!r} is not a vLLM 0.33 built-in KV dtype{suggestion}"]
 
-    def fit_hint(self, recipe: Any) -> str:
+    def fit_hint(self, recipe: Recipe) -> str:
         from sparkctl.planner.memory import gib
 
         s = recipe.serve
