@@ -96,11 +96,6 @@ def show_cmd(
     from rich.table import Table
 
     # blocks that cannot affect this recipe are left out of the human view (JSON keeps everything)
-    from sparkctl.planner.adapters import ADAPTERS
-
-    for adapter in ADAPTERS.values():  # another engine's serve section
-        if adapter.serve_section and adapter.name != r.engine.name:
-            resolved["serve"].pop(adapter.serve_section, None)
     if r.runtime != "docker":
         resolved.pop("container", None)
     if r.cluster.nodes == 1 and r.cluster.tensor_parallel == 1 and r.cluster.pipeline_parallel == 1:

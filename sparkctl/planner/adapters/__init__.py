@@ -1,6 +1,7 @@
 """One adapter per engine: everything sparkctl knows about vLLM, llama.cpp (llama-server) and FreeToken.
 
-Adding an engine means one file here (an `EngineAdapter`) and its part of the recipe schema; no other
+Adding an engine means one file here (an `EngineAdapter`) and its part of the recipe schema (a class in
+the `EngineSpec` union of sparkctl/recipe/schema.py, with its own `serve` section); no other
 module branches on an engine's name, they ask its adapter (`adapter_for(plan.engine)`).
 """
 

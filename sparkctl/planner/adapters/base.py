@@ -17,8 +17,6 @@ class EngineAdapter:
     install_hint: str = "install the engine"
     # the doctor check that probes the binary/venv sparkctl installs for a native plan (None: none)
     doctor_check: str | None = None
-    # the recipe's engine-specific serve section (serve.<name>), None when it has none
-    serve_section: str | None = None
     # flags upstream removed -> why (refused in serve.extra_args before a pull and a load)
     removed_flags: dict[str, str] = {}
     # the KV cache is allocated up front for the whole context (not profiled from a utilisation budget)

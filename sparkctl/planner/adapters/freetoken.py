@@ -12,7 +12,7 @@ from sparkctl.recipe.schema import Recipe
 def freetoken_argv(recipe: Recipe, entrypoint: list[str], model_arg: str) -> list[str]:
     """`ft serve` flags (FreeToken 0.2's CLI); `model_arg` is a local dir, a .gguf file or a hub repo id."""
     serve = recipe.serve
-    opts = serve.freetoken
+    opts = recipe.engine.serve
     _refuse_vllm_only(recipe, "FreeToken", allowed=_FREETOKEN_HAS)
     argv = list(entrypoint)
     argv += ["--model-path", model_arg]
@@ -49,7 +49,6 @@ class FreeTokenAdapter(EngineAdapter):
     api_key_env = "VLLM_API_KEY"
     install_hint = "install FreeToken into its venv: make freetoken"
     doctor_check = "freetoken"
-    serve_section = "freetoken"
     kv_up_front = True
     kv_owner = "FreeToken (at least)"
 

@@ -28,7 +28,7 @@ def llamacpp_ctx_size(recipe: Recipe) -> int:
 def llamacpp_argv(recipe: Recipe, entrypoint: list[str], model: dict[str, str]) -> list[str]:
     """llama-server flags; `model` is {"path": file} or {"hf": "repo:quant"} / {"hf": repo, "file": f}."""
     serve = recipe.serve
-    opts = serve.llama_cpp
+    opts = recipe.engine.serve
     _refuse_vllm_only(recipe, "llama-server")
     argv = list(entrypoint)
     if "path" in model:
@@ -87,7 +87,6 @@ class LlamaCppAdapter(EngineAdapter):
     api_key_env = "LLAMA_API_KEY"
     install_hint = "build the pinned llama-server: make llama-server"
     doctor_check = "llama.cpp"
-    serve_section = "llama_cpp"
     kv_up_front = True
     kv_owner = "llama-server"
 

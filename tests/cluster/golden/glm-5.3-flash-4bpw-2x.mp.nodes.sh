@@ -59,7 +59,7 @@ docker run \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.10 \
   -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=a8f7a402f37481369a258caa3de37e7673c83441281bbb1e8e331c82fab7e1e0 \
+  --label io.sparkctl.recipe-hash=560d4371336ddee43dcd517c607c91c076c87b8b80debc2e302abf6671f26427 \
   --label io.sparkctl.managed=true \
   --label io.sparkctl.port=8000 \
   --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
@@ -131,7 +131,7 @@ docker run \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.11 \
   -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=a8f7a402f37481369a258caa3de37e7673c83441281bbb1e8e331c82fab7e1e0 \
+  --label io.sparkctl.recipe-hash=560d4371336ddee43dcd517c607c91c076c87b8b80debc2e302abf6671f26427 \
   --label io.sparkctl.managed=true \
   --label io.sparkctl.port=8000 \
   --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
