@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sparkctl.errors import UserError
+from sparkctl.planner.adapters import ADAPTERS
 
 if TYPE_CHECKING:
     from prewarm.fit import MemoryStatus
@@ -43,7 +44,7 @@ CHECK_NAMES = (
     "verified",
 )
 # Engine checks: run for a plan on that engine, in a general check-up, or when asked for by name.
-ENGINE_CHECKS = {"llama.cpp": "llama.cpp", "freetoken": "freetoken"}
+ENGINE_CHECKS = {a.doctor_check: a.name for a in ADAPTERS.values() if a.doctor_check}
 SPARK_COMPUTE_CAPABILITY = "12.1"
 MIN_CUDA_MAJOR = 13  # the Spark image is built on CUDA 13 (driver >= 580)
 PROBE_TIMEOUT_S = 3.0

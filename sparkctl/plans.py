@@ -75,18 +75,3 @@ def validation_records(sources: Sequence[str], sets: Sequence[str] = ()) -> list
             }
         )
     return results
-
-
-def local_model_dir(source: str, sets: Sequence[str] = ()) -> tuple[Path, int]:
-    """The directory already holding a recipe's model, and its `load.workers`; never downloads."""
-    from sparkctl.models.fetch import local_model_path
-
-    _, the_plan = load_and_plan(source, sets, check_memory=False)
-    local = local_model_path(the_plan.model)
-    if local is None:
-        src = the_plan.model.repo or the_plan.model.path or the_plan.model.generate
-        raise UserError(
-            f"recipe {source}: its model ({src}) is not on this machine yet",
-            hint=f"`sparkctl up {source}` fetches it; or pass a model directory",
-        )
-    return local, the_plan.load.workers

@@ -125,12 +125,14 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for st in states:
         err: str | None = None
+        parts: list[dict[str, Any]] = []
         if st.extra.get("recovered"):
             by = "container labels" if st.extra["recovered"] == "label" else "process marker"
             err = f"found by its {by}: its state file is missing or damaged"
         try:
             rt = get_runtime(st.runtime)
-            running = rt.is_running(st)
+            parts = rt.parts(st)  # a cluster's parts on each node; [] for one server here
+            running = all(p["running"] for p in parts) if parts else rt.is_running(st)
             # also when the API server is gone: engine processes that outlive it still hold the memory
             stats = rt.stats(st)
         except RuntimeFailure as exc:  # e.g. the Docker daemon went away
@@ -161,6 +163,7 @@ def status_rows(recipe: str | None = None) -> list[dict[str, Any]]:
                 "log_path": st.log_path,
                 "error": err,
             }
+            | ({"nodes": parts} if parts else {})
         )
     return rows
 
@@ -222,6 +225,7 @@ class Stopped:
     recipe: str
     note: str | None = None
     error: RuntimeFailure | None = None
+    nodes: int = 1  # how many machines it ran on
 
 
 def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Stopped]:
@@ -281,7 +285,7 @@ def down(recipe: str | None, all_: bool, *, timeout_s: float = 30.0) -> list[Sto
                     note = f"it was still starting: interrupted its `up` (pid {interrupted})" + (
                         f"; {note}" if note else ""
                     )
-                done.append(Stopped(key, note))
+                done.append(Stopped(key, note, nodes=len(found.nodes) if found and found.nodes else 1))
         except RuntimeFailure as exc:  # with --all, one unreachable server must not keep the others up
             if not all_:
                 raise

@@ -1,7 +1,10 @@
 """`sparkctl up`: from a recipe name to a healthy, smoke-tested OpenAI endpoint, one visible stage at a time.
 
-validate -> plan -> (dry run stops here) -> already up? -> port free? -> doctor -> image -> fetch ->
-prepare -> memory plan -> prewarm -> launch -> health -> smoke -> summary.
+`STAGES` is the pipeline, one `Stage` a step over one `UpContext`: validate, plan, dry-run (stops a dry
+run), reconcile (already up? --restart stops it; port free?), doctor, ready (image / engine installed),
+fetch, prepare (and the memory plan), prewarm, launch, health, smoke, persist. A request runs a subset
+(`stages_for`: `--no-smoke` and `bench --up` skip smoke; `prewarm RECIPE` runs PREWARM_STAGES), and a
+runtime without a capability skips the stages that need it (a cluster fetches nothing here).
 
 Cheap checks come before expensive ones: a missing image or a taken port is reported before a model
 download or a pre-warm of tens of GB. Once something is launched its state file is written at once,
@@ -27,7 +30,15 @@ from sparkctl.errors import RuntimeFailure, UserError, write_failure
 from sparkctl.planner.types import Plan
 from sparkctl.recipe.overrides import Overrides
 from sparkctl.runtimes import state as state_files
-from sparkctl.runtimes.base import Runtime, ServerState
+from sparkctl.runtimes.base import (
+    API_KEY,
+    LOCAL_MODEL,
+    PERSIST,
+    WATCHDOG,
+    Runtime,
+    ServerState,
+    check_capabilities,
+)
 from sparkctl.runtimes.registry import get_runtime
 from sparkctl.server.health import Tick, smoke_test, wait_healthy
 
@@ -40,6 +51,9 @@ class Reporter:
 
     def warn(self, message: str) -> None:
         """Something the user should know that does not stop `up`."""
+
+    def stage(self, name: str) -> None:
+        """A stage starts (each then reports its own `step` lines as it finishes)."""
 
     @contextlib.contextmanager
     def waiting(self, label: str) -> Iterator[Callable[[Tick], None]]:
@@ -66,6 +80,7 @@ class UpOptions:
     no_auth: bool = False  # serve a non-loopback host without a key (refused otherwise)
     build: bool = False  # build the recipe's image first (`sparkctl build`; a no-op when up to date)
     nodes: str | None = None  # --nodes HEAD,WORKER: serve across these Sparks (else cluster.hosts)
+    serve: bool = True  # False: a subset that serves nothing (prewarm RECIPE): no key or unit to check
 
 
 @dataclass
@@ -85,6 +100,7 @@ class UpResult:
     )
     cluster: Any = None  # a cluster.plan.ClusterPlan when serving across nodes
     unit: tuple[str, str] | None = None  # `--persist`, native: (path, text) of its systemd user unit
+    stages: list[str] = field(default_factory=list)  # the stages this `up` ran, in order
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -112,12 +128,14 @@ class UpResult:
             "api_key": self.api_key_generated,  # only a key made by this `up`; null otherwise
             "cluster": self.cluster.to_json() if self.cluster is not None else None,
             "systemd_unit": self.unit[0] if self.unit else None,
+            "stages": self.stages,
         }
 
 
 def doctor_checks_for(plan: Plan) -> list[str]:
     """Only the checks this launch depends on: a CPU-only native server needs no GPU or Docker."""
     from sparkctl.doctor import needs_of
+    from sparkctl.planner.adapters import adapter_for
 
     needs = needs_of(plan)
     names = ["memory", "disk"]
@@ -129,266 +147,352 @@ def doctor_checks_for(plan: Plan) -> list[str]:
         names.append("nvidia-runtime")
     if needs.token:
         names.append("hf-token")
-    if needs.engine in ("llama.cpp", "freetoken") and plan.runtime == "native":
-        names.append(needs.engine)  # the binary/venv sparkctl installs, its build, CUDA where needed
+    check = adapter_for(plan.engine).doctor_check
+    if check is not None and plan.container is None:
+        names.append(check)  # the binary/venv sparkctl installs natively, its build, CUDA where needed
     return names
 
 
-def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
-    rep = reporter or Reporter()
-    t_start = time.monotonic()
-    timings: dict[str, float] = {}
+# -- the pipeline: a list of stages over one context -------------------------------------------------
 
-    # validate + plan ------------------------------------------------------------------------------
-    t = time.monotonic()
-    recipe = _load(opts)
-    local = _already_local(recipe)
-    plan = _plan(recipe, local, opts)
-    key = _api_key(recipe, plan, opts)
-    _warn_if_open(plan, key, rep)
-    across = opts.nodes is not None or (recipe.cluster.nodes > 1 and bool(recipe.cluster.hosts))
-    unit = None
-    if opts.persist and plan.runtime == "native" and not across:
-        from sparkctl.runtimes import systemd
 
-        # rendered now, so a value a unit cannot hold is refused before anything starts
-        text = systemd.render_unit(plan, state_files.log_path(plan.recipe_name), strict=not opts.dry_run)
-        unit = (str(systemd.unit_path(plan.recipe_name)), text)
-    timings["validate"] = time.monotonic() - t
-    rep.step(
+@dataclass
+class UpContext:
+    """Everything the stages share: the request, what each stage found, and what must be undone when a
+    later one fails. One object instead of state threaded through positional parameters."""
+
+    opts: UpOptions
+    rep: Reporter
+    t_start: float = field(default_factory=time.monotonic)
+    timings: dict[str, float] = field(default_factory=dict)
+    recipe: Any = None
+    plan: Plan = None  # type: ignore[assignment]  # set by `validate`
+    planned_with: Path | None = None  # the model directory the plan was made with (None: not here yet)
+    across: bool = False  # served across nodes (--nodes or the recipe's cluster.hosts)
+    key: str | None = None  # a new API key to store before launch
+    key_stored: bool = False
+    unit: tuple[str, str] | None = None  # `--persist`: (path, text) of what keeps it across reboots
+    runtime: Runtime = None  # type: ignore[assignment]  # set by `validate`
+    model_path: Path | None = None
+    files: list[Path] = field(default_factory=list)
+    steward: Any = None  # the page-cache steward watching the load
+    log_path: Path | None = None
+    server: ServerState | None = None
+    result: UpResult | None = None  # made by `health` (or by a stage that ends the run early)
+    done: bool = False  # a stage ended the run early (dry run, already up)
+    ran: list[str] = field(default_factory=list)  # the stages run, in order
+
+    def finish(self, *, done: bool = True, **kw: Any) -> UpResult:
+        """The result: `done` ends the run here (dry run, already up); `health` makes it and goes on."""
+        cluster = self.plan.cluster if self.plan is not None else None
+        self.result = UpResult(plan=self.plan, timings=self.timings, cluster=cluster, **kw)
+        self.done = done
+        return self.result
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of `up`; `needs` names a runtime capability without which the stage has nothing to do
+    (a cluster fetches, prepares and pre-warms nothing here: the preflight checked each node has it)."""
+
+    name: str
+    run: Callable[[UpContext], None]
+    needs: str | None = None
+    locked: bool = False  # runs holding the recipe's start lock (from reconcile on)
+
+
+def _stage_validate(ctx: UpContext) -> None:
+    opts, t = ctx.opts, time.monotonic()
+    ctx.recipe = _load(opts)
+    ctx.planned_with = _already_local(ctx.recipe)
+    ctx.plan = _plan(ctx.recipe, ctx.planned_with, opts)
+    ctx.across = opts.nodes is not None or (ctx.recipe.cluster.nodes > 1 and bool(ctx.recipe.cluster.hosts))
+    ctx.runtime = get_runtime("cluster" if ctx.across else ctx.plan.runtime)
+    if not opts.serve:
+        return  # a subset that serves nothing (prewarm): no key or persistence to check
+    ctx.key = _api_key(ctx.recipe, ctx.plan, opts)
+    _warn_if_open(ctx.plan, ctx.key, ctx.rep)
+    needed = [PERSIST] if opts.persist else []
+    if ctx.key is not None or ctx.plan.api_key_file:
+        needed.append(API_KEY)
+    check_capabilities(ctx.runtime, needed, {PERSIST: "--persist", API_KEY: "an API key"})
+    if opts.persist:  # rendered now, so a value a unit cannot hold is refused before anything starts
+        ctx.unit = ctx.runtime.persistence(
+            ctx.plan, state_files.log_path(ctx.plan.recipe_name), install=False, strict=not opts.dry_run
+        )
+    ctx.timings["validate"] = time.monotonic() - t
+    p = ctx.plan
+    ctx.rep.step(
         "validate",
-        f"recipe {plan.recipe_name} ({plan.runtime}, {plan.engine}) -> {plan.base_url}",
-        timings["validate"],
+        f"recipe {p.recipe_name} ({p.runtime}, {p.engine}) -> {p.base_url}",
+        ctx.timings["validate"],
     )
-    cluster = None
-    if across:
-        cluster = _cluster(recipe, plan, opts, rep, timings)
-    for w in plan.warnings:
-        if cluster is None or not w.startswith("cluster."):  # per-node values replace these
-            rep.warn(w)
-    if opts.dry_run:
-        return UpResult(plan=plan, dry_run=True, timings=timings, cluster=cluster, unit=unit)
-    if cluster is not None:
-        return _start_cluster(opts, plan, cluster, rep, t_start, timings)
-    with state_files.starting(plan.recipe_name):
-        return _start(opts, recipe, plan, local, rep, t_start, timings, key)
 
 
-def _start(
-    opts: UpOptions,
-    recipe: Any,
-    plan: Plan,
-    planned_with: Path | None,
-    rep: Reporter,
-    t_start: float,
-    timings: dict[str, float],
-    key: str | None = None,
-) -> UpResult:
-    """Everything after validation, run while holding the recipe's start lock. `planned_with` is the model
-    directory the plan was made with (None: not on this machine yet); `key` a new API key to store."""
-    runtime = get_runtime(plan.runtime)
+def _stage_plan(ctx: UpContext) -> None:
+    """Where it runs: across nodes, each node's part planned from its probe (the preflight)."""
+    if ctx.across:
+        plan = ctx.plan
+        if ctx.key is not None:  # stored before launch (reconcile); every node's part names its file
+            from sparkctl.paths import api_key_file
 
-    # already up? port free? -------------------------------------------------------------------------
-    if opts.restart:
-        _stop_previous(plan, rep)
-    existing = _existing(plan, runtime, rep, port_asked=opts.overrides.port_asked)
+            plan = dataclasses.replace(plan, api_key_file=str(api_key_file(plan.recipe_name)))
+        cluster = _cluster(ctx.recipe, plan, ctx.opts, ctx.rep, ctx.timings)
+        ctx.plan = dataclasses.replace(plan, runtime="cluster", cluster=cluster)
+    for w in ctx.plan.warnings:
+        if not (ctx.across and w.startswith("cluster.")):  # per-node values replace these
+            ctx.rep.warn(w)
+
+
+def _stage_dry_run(ctx: UpContext) -> None:
+    if ctx.opts.dry_run:
+        ctx.finish(dry_run=True, unit=ctx.unit)
+
+
+def _stage_reconcile(ctx: UpContext) -> None:
+    """Already up? (--restart: stop it first.) Port free? Then the new key goes into its 0600 file."""
+    if ctx.opts.restart:
+        _stop_previous(ctx.plan, ctx.rep)
+    existing = _existing(ctx.plan, ctx.runtime, ctx.rep, port_asked=ctx.opts.overrides.port_asked)
     if existing is not None:
-        return UpResult(plan=plan, state=existing, already_running=True, timings=timings)
-    _check_port(plan)
-    if key is not None:
+        ctx.finish(state=existing, already_running=True)
+        return
+    _check_port(ctx.plan)
+    if ctx.key is not None:
         from sparkctl.planner.keyed import with_key_file
         from sparkctl.server import auth
 
-        plan = with_key_file(plan, str(auth.store(plan.recipe_name, plan.engine, key)))
-    try:
-        result = _launch(opts, recipe, plan, planned_with, rep, t_start, timings, runtime)
-    except BaseException:
-        if key is not None and opts.api_key == "generate":  # a key nobody has seen goes with the failed up
-            Path(plan.api_key_file or "").unlink(missing_ok=True)
-        raise
-    if key is not None and opts.api_key == "generate":
-        result.api_key_generated = key
-    return result
+        path = auth.store(ctx.plan.recipe_name, ctx.plan.engine, ctx.key)
+        ctx.key_stored = True
+        ctx.plan = with_key_file(ctx.plan, str(path))
 
 
-def _api_key(recipe: Any, plan: Plan, opts: UpOptions) -> str | None:
-    """The API key this `up` sets (to store before launch), None to keep the recipe's stored one or none.
-
-    A server bound to anything but loopback with no key at all is refused unless --no-auth: on a home
-    network that is a free GPU for anyone, and a token-holding machine's shell for some engines' tools.
-    """
-    from sparkctl.server import auth
-
-    key: str | None = None
-    if opts.api_key == auth.GENERATE:
-        key = auth.generate()
-    elif opts.api_key:
-        key = auth.check_key(opts.api_key, "--api-key")
-    elif recipe.serve.api_key_file:
-        key = auth.read_key_file(recipe.serve.api_key_file)
-    has_key = key is not None or auth.key_of(plan.api_key_file) is not None
-    if not has_key and not auth.is_loopback(plan.host) and not (opts.no_auth or recipe.serve.no_auth):
-        raise UserError(
-            f"{plan.recipe_name} would listen on {plan.host}:{plan.port} with no API key: anyone who can "
-            "reach this machine could use it",
-            hint="--api-key generate (a new key, stored 0600 and printed once), --api-key KEY, "
-            "serve.api_key_file, or --no-auth to serve it open anyway",
-        )
-    return key
-
-
-def _warn_if_open(plan: Plan, key: str | None, rep: Reporter) -> None:
-    """`--no-auth` on a non-loopback address is allowed, never quiet: said first, in capitals."""
-    from sparkctl.server import auth
-
-    if key is None and auth.key_of(plan.api_key_file) is None and not auth.is_loopback(plan.host):
-        rep.warn(
-            f"OPEN TO THE NETWORK: {plan.recipe_name} will listen on {plan.host}:{plan.port} with NO API key "
-            "(--no-auth): anyone who can reach this machine can use it and read what it generates"
-        )
-
-
-def _launch(
-    opts: UpOptions,
-    recipe: Any,
-    plan: Plan,
-    planned_with: Path | None,
-    rep: Reporter,
-    t_start: float,
-    timings: dict[str, float],
-    runtime: Runtime,
-) -> UpResult:
-    """doctor -> image -> fetch -> memory -> prewarm -> launch -> health -> smoke."""
-    from sparkctl.server.auth import key_of
-
-    # doctor -------------------------------------------------------------------------------------------
+def _stage_doctor(ctx: UpContext) -> None:
     t = time.monotonic()
-    detail = _doctor(plan, rep)
-    runtime.check()
-    if plan.runtime == "native":  # not installed: said before a download of many GB, not after
-        from sparkctl.runtimes.native import require_executable
+    detail = _doctor(ctx.plan, ctx.rep)
+    ctx.runtime.check()
+    ctx.timings["doctor"] = time.monotonic() - t
+    ctx.rep.step("doctor", detail, ctx.timings["doctor"])
 
-        require_executable(plan)
-    timings["doctor"] = time.monotonic() - t
-    rep.step("doctor", detail, timings["doctor"])
 
-    # image (before any download: a missing image should cost seconds, not a 90 GB fetch) -----------
-    if plan.runtime == "docker" and opts.build:
+def _stage_ready(ctx: UpContext) -> None:
+    """What the plan runs is here (the image, the installed engine) before a download of many GB."""
+    if ctx.opts.build and ctx.plan.container is not None:
         t = time.monotonic()
-        _build_image(recipe, rep)
-        timings["build"] = time.monotonic() - t
-    if plan.runtime == "docker":
-        t = time.monotonic()
-        from sparkctl.runtimes.docker import ensure_plan_image
+        _build_image(ctx.recipe, ctx.rep)
+        ctx.timings["build"] = time.monotonic() - t
+    t = time.monotonic()
+    ctx.plan = ctx.runtime.ensure_ready(ctx.plan)
+    ctx.timings["ready"] = time.monotonic() - t
+    if ctx.plan.container is not None and ctx.plan.cluster is None:
+        ctx.rep.step("image", f"{ctx.plan.container.image} (present)", ctx.timings["ready"])
 
-        image_id = ensure_plan_image(plan)
-        timings["image"] = time.monotonic() - t
-        image = plan.container.image if plan.container else "?"
-        rep.step("image", f"{image} ({image_id[:19]})", timings["image"])
 
-    # fetch + memory plan ------------------------------------------------------------------------------
+def _stage_fetch(ctx: UpContext) -> None:
     from sparkctl.models.fetch import resolve_weights
 
     t = time.monotonic()
-    model_path, files = resolve_weights(plan.model, offline=opts.offline)
-    _check_shards(plan, files)
-    size = sum(f.stat().st_size for f in files)
-    timings["fetch"] = time.monotonic() - t
-    rep.step("fetch", f"{model_path} ({len(files)} weight file(s), {_gib(size)})", timings["fetch"])
-    if plan.model.prepare is not None:  # serve an overlay with the pack's fix-ups; the download stays as is
+    ctx.model_path, ctx.files = resolve_weights(ctx.plan.model, offline=ctx.opts.offline)
+    _check_shards(ctx.plan, ctx.files)
+    size = sum(f.stat().st_size for f in ctx.files)
+    ctx.timings["fetch"] = time.monotonic() - t
+    ctx.rep.step(
+        "fetch", f"{ctx.model_path} ({len(ctx.files)} weight file(s), {_gib(size)})", ctx.timings["fetch"]
+    )
+
+
+def _stage_prepare(ctx: UpContext) -> None:
+    """The pack's overlay (the download stays as is), then the plan again if the model was not here when
+    `up` planned: the memory plan reads its config.json and a docker plan mounts its directory."""
+    assert ctx.model_path is not None
+    if ctx.plan.model.prepare is not None:
         from sparkctl.prepare import prepare_model
 
         t = time.monotonic()
-        _, prepared = prepare_model(plan.model, model_path)
+        _, prepared = prepare_model(ctx.plan.model, ctx.model_path)
         assert prepared is not None
-        model_path = prepared.overlay
-        timings["prepare"] = time.monotonic() - t
-        rep.step("prepare", prepared.summary(), timings["prepare"])
-
-    if planned_with is None or planned_with.resolve() != model_path.resolve():
-        # the model was not here when `up` planned (a first download or generation): plan again with it,
-        # as the memory plan reads its config.json and a docker plan mounts its directory
-        plan = _plan(recipe, model_path, opts)
-    if plan.memory is not None:
-        m = plan.memory
+        ctx.model_path = prepared.overlay
+        ctx.timings["prepare"] = time.monotonic() - t
+        ctx.rep.step("prepare", prepared.summary(), ctx.timings["prepare"])
+    if ctx.planned_with is None or ctx.planned_with.resolve() != ctx.model_path.resolve():
+        key_file = ctx.plan.api_key_file
+        ctx.plan = dataclasses.replace(_plan(ctx.recipe, ctx.model_path, ctx.opts), api_key_file=key_file)
+        ctx.plan = ctx.runtime.ensure_ready(ctx.plan)
+    if ctx.plan.memory is not None:
+        m = ctx.plan.memory
         verdict = "fits" if m.fits else "DOES NOT FIT (--force)"
-        rep.step(
+        ctx.rep.step(
             "memory",
             f"weights {_gib(m.weights_bytes)} + kv {_gib(m.kv_cache_bytes)} + overhead "
             f"{_gib(m.runtime_overhead_bytes)} of {_gib(m.budget_bytes)} budget: {verdict}",
         )
 
-    # prewarm ------------------------------------------------------------------------------------------
-    log_path = _fresh_log(plan.recipe_name)
+
+def _stage_prewarm(ctx: UpContext) -> None:
     t = time.monotonic()
-    steward = _prewarm(plan, files, rep)
-    timings["prewarm"] = time.monotonic() - t
+    ctx.steward = _prewarm(ctx.plan, ctx.files, ctx.rep)
+    ctx.timings["prewarm"] = time.monotonic() - t
 
-    # launch -> health -> smoke: from here on, any failure stops what was started --------------------
-    t_launch = time.monotonic()
-    server: ServerState | None = None
-    try:
-        with _interrupts_held():  # Ctrl-C between the spawn and `server =` would leave it running
-            server = runtime.start(plan, log_path)
-        state_files.save(server)
-        timings["launch"] = time.monotonic() - t_launch
-        rep.step("launch", _where(server), timings["launch"])
 
-        t = time.monotonic()
-        with rep.waiting(plan.recipe_name) as on_tick:
-            wait_healthy(
-                plan.base_url,
-                plan.served_model_name,
-                label=plan.recipe_name,
-                timeout_s=plan.health_timeout_s,
-                exit_detail=lambda: runtime.exit_detail(server),
-                last_lines=lambda n: _last_lines(runtime, server, n),
-                on_tick=on_tick,
-                api_key=key_of(plan.api_key_file),
-            )
-        timings["health"] = time.monotonic() - t
-        seconds_to_healthy = time.monotonic() - t_start
-        rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", timings["health"])
+def _stage_launch(ctx: UpContext) -> None:
+    ctx.log_path = _fresh_log(ctx.plan.recipe_name)
+    t = time.monotonic()
+    with _interrupts_held():  # Ctrl-C between the spawn and `server =` would leave it running
+        ctx.server = ctx.runtime.start(ctx.plan, ctx.log_path, lambda line: ctx.rep.step("node", line))
+    state_files.save(ctx.server)
+    ctx.timings["launch"] = time.monotonic() - t
+    ctx.rep.step("launch", _where(ctx.server), ctx.timings["launch"])
 
-        if steward is not None:
-            steward = _stop_steward(steward, rep)
 
-        result = UpResult(
-            plan=plan,
-            state=server,
-            model_path=model_path,
-            timings=timings,
-            seconds_to_healthy=seconds_to_healthy,
+def _stage_health(ctx: UpContext) -> None:
+    from sparkctl.server.auth import key_of
+
+    plan, runtime, server = ctx.plan, ctx.runtime, ctx.server
+    assert server is not None
+    t = time.monotonic()
+    with ctx.rep.waiting(plan.recipe_name) as on_tick:
+        wait_healthy(
+            plan.base_url,
+            plan.served_model_name,
+            label=plan.recipe_name,
+            timeout_s=plan.health_timeout_s,
+            exit_detail=lambda: runtime.exit_detail(server),
+            last_lines=lambda n: _last_lines(runtime, server, n),
+            on_tick=on_tick,
+            api_key=key_of(plan.api_key_file),
         )
-        if opts.smoke:
-            t = time.monotonic()
-            reply = smoke_test(plan.base_url, plan.served_model_name, api_key=key_of(plan.api_key_file))
-            timings["smoke"] = time.monotonic() - t
-            result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
-            rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
-        if plan.watchdog is not None:
-            from sparkctl import watchdog
+    ctx.timings["health"] = time.monotonic() - t
+    seconds_to_healthy = time.monotonic() - ctx.t_start
+    ctx.rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", ctx.timings["health"])
+    if ctx.steward is not None:
+        ctx.steward = _stop_steward(ctx.steward, ctx.rep)
+    ctx.finish(done=False, state=server, model_path=ctx.model_path, seconds_to_healthy=seconds_to_healthy)
 
-            floor, interval = plan.watchdog
-            with _interrupts_held():
-                server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
-            state_files.save(server)
-            rep.step("watchdog", f"stops the server if MemAvailable falls below {_gib(floor)}")
-        if opts.persist and plan.runtime == "native":  # last: a failure before it leaves no unit behind
-            from sparkctl.runtimes import systemd
 
-            unit = systemd.install(plan, log_path)
-            result.unit = (str(unit), unit.read_text())
-            rep.step("persist", f"systemd user unit {unit} (enabled: starts at login or, with linger, boot)")
-        return result
-    except BaseException:
-        if not _clean_up_after(runtime, server, steward):
-            assert server is not None
-            rep.warn(
-                f"could not stop {_where(server)} (its runtime does not answer): its state is kept, "
-                f"`sparkctl down {plan.recipe_name}` stops it once it does"
-            )
-        raise
+def _stage_smoke(ctx: UpContext) -> None:
+    from sparkctl.server.auth import key_of
+
+    plan, result = ctx.plan, ctx.result
+    assert result is not None
+    t = time.monotonic()
+    reply = smoke_test(plan.base_url, plan.served_model_name, api_key=key_of(plan.api_key_file))
+    ctx.timings["smoke"] = time.monotonic() - t
+    result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
+    ctx.rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", ctx.timings["smoke"])
+
+
+def _stage_persist(ctx: UpContext) -> None:
+    """Once healthy: the memory watchdog, and what brings it back after a reboot (last: a failure before
+    it leaves nothing behind)."""
+    plan, server, result = ctx.plan, ctx.server, ctx.result
+    assert server is not None and result is not None and ctx.log_path is not None
+    if plan.watchdog is not None and WATCHDOG in ctx.runtime.capabilities:
+        from sparkctl import watchdog
+
+        floor, interval = plan.watchdog
+        with _interrupts_held():
+            server.extra["watchdog_pid"] = str(watchdog.start(server, floor, interval))
+        state_files.save(server)
+        ctx.rep.step("watchdog", f"stops the server if MemAvailable falls below {_gib(floor)}")
+    if ctx.opts.persist:
+        result.unit = ctx.runtime.persistence(plan, ctx.log_path, install=True)
+        if result.unit is not None:
+            ctx.rep.step("persist", f"{result.unit[0]} (enabled: starts at login or, with linger, boot)")
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("validate", _stage_validate),
+    Stage("plan", _stage_plan),
+    Stage("dry-run", _stage_dry_run),
+    Stage("reconcile", _stage_reconcile, locked=True),
+    Stage("doctor", _stage_doctor, needs=LOCAL_MODEL, locked=True),
+    Stage("ready", _stage_ready, locked=True),
+    Stage("fetch", _stage_fetch, needs=LOCAL_MODEL, locked=True),
+    Stage("prepare", _stage_prepare, needs=LOCAL_MODEL, locked=True),
+    Stage("prewarm", _stage_prewarm, needs=LOCAL_MODEL, locked=True),
+    Stage("launch", _stage_launch, locked=True),
+    Stage("health", _stage_health, locked=True),
+    Stage("smoke", _stage_smoke, locked=True),
+    Stage("persist", _stage_persist, locked=True),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+# `sparkctl prewarm RECIPE`: the recipe's model as `up` would find it, nothing served
+PREWARM_STAGES: tuple[str, ...] = ("validate",)
+
+
+def stages_for(opts: UpOptions) -> tuple[str, ...]:
+    """The subset of STAGES a request runs: `--no-smoke` (and `bench --up`) skip the smoke test;
+    `--restart` is the whole list, its reconcile stopping the running server first."""
+    return tuple(n for n in STAGE_NAMES if n != "smoke" or opts.smoke)
+
+
+def run_up(opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
+    """`up`: run the request's stages in order; the result of the one that ended it."""
+    ctx = run_stages(opts, stages_for(opts), reporter)
+    assert ctx.result is not None
+    ctx.result.stages = list(ctx.ran)
+    if ctx.key is not None and opts.api_key == "generate" and ctx.key_stored and ctx.result.state is not None:
+        ctx.result.api_key_generated = ctx.key
+    return ctx.result
+
+
+def run_stages(opts: UpOptions, names: tuple[str, ...], reporter: Reporter | None = None) -> UpContext:
+    """Run the named stages of STAGES in their order over one context. From `reconcile` on they hold the
+    recipe's start lock; once something is launched, any failure (a health timeout, an early exit,
+    Ctrl-C, SIGTERM) stops what was started and removes its state again, so a failed `up` leaves nothing."""
+    unknown = sorted(set(names) - set(STAGE_NAMES))
+    if unknown:
+        raise UserError(f"unknown stage(s) {', '.join(unknown)}", hint=f"valid: {', '.join(STAGE_NAMES)}")
+    ctx = UpContext(opts=opts, rep=reporter or Reporter())
+    with contextlib.ExitStack() as stack:
+        locked = False
+        try:
+            for stage in STAGES:
+                if stage.name not in names:
+                    continue
+                if stage.needs is not None and stage.needs not in ctx.runtime.capabilities:
+                    continue
+                if stage.locked and not locked:
+                    stack.enter_context(state_files.starting(ctx.plan.recipe_name))
+                    locked = True
+                ctx.rep.stage(stage.name)
+                ctx.ran.append(stage.name)
+                stage.run(ctx)
+                if ctx.done:
+                    break
+        except BaseException:
+            _undo(ctx)
+            raise
+    return ctx
+
+
+def locate_model(recipe: str, sets: tuple[str, ...] = ()) -> tuple[Path, int]:
+    """`sparkctl prewarm RECIPE`: the directory already holding the recipe's model (the PREWARM_STAGES of
+    `up`, nothing served) and its `load.workers`; never downloads."""
+    from sparkctl.models.fetch import local_model_path
+
+    opts = UpOptions(recipe=recipe, overrides=Overrides(sets=sets), serve=False)
+    plan = run_stages(opts, PREWARM_STAGES).plan
+    local = local_model_path(plan.model)
+    if local is None:
+        m = plan.model
+        raise UserError(
+            f"recipe {recipe}: its model ({m.repo or m.path or m.generate}) is not on this machine yet",
+            hint=f"`sparkctl up {recipe}` fetches it; or pass a model directory",
+        )
+    return local, plan.load.workers
+
+
+def _undo(ctx: UpContext) -> None:
+    """A failed or interrupted `up`: stop what it started, and a key nobody has seen goes with it."""
+    if not _clean_up_after(ctx.runtime, ctx.server, ctx.steward):
+        assert ctx.server is not None
+        ctx.rep.warn(
+            f"could not stop {_where(ctx.server)} (its runtime does not answer): its state is kept, "
+            f"`sparkctl down {ctx.plan.recipe_name}` stops it once it does"
+        )
+    if ctx.key_stored and ctx.opts.api_key == "generate":
+        Path(ctx.plan.api_key_file or "").unlink(missing_ok=True)
 
 
 # -- stages ------------------------------------------------------------------------------------------
@@ -433,63 +537,41 @@ def _build_image(recipe: Any, rep: Reporter) -> None:
     rep.step("build", f"{result.tag} ({what})", time.monotonic() - t)
 
 
-def _start_cluster(
-    opts: UpOptions, plan: Plan, cluster: Any, rep: Reporter, t_start: float, timings: dict[str, float]
-) -> UpResult:
-    """Start every node's part (preflight passed), wait for the endpoint on the head, smoke-test it; a
-    failure stops every node's part again. The model must already be on every node (the preflight says)."""
-    from sparkctl.cluster import run as cluster_run
+def _api_key(recipe: Any, plan: Plan, opts: UpOptions) -> str | None:
+    """The API key this `up` sets (to store before launch), None to keep the recipe's stored one or none.
 
-    existing = cluster_run.load(plan.recipe_name)
-    if existing is not None:
-        if opts.restart:
-            cluster_run.stop(existing)
-        else:
-            rows = cluster_run.status_rows(existing)
-            if rows and all(r["running"] for r in rows):
-                return UpResult(plan=plan, already_running=True, timings=timings, cluster=cluster)
-            cluster_run.stop(existing)  # a half-dead cluster: clear it and start again
-    nodes = cluster.report.nodes
-    t = time.monotonic()
-    state = cluster_run.start(
-        cluster.launch, nodes, plan.base_url, plan.served_model_name, lambda line: rep.step("node", line)
-    )
-    timings["launch"] = time.monotonic() - t
-    try:
-        t = time.monotonic()
-        with rep.waiting(plan.recipe_name) as on_tick:
-            wait_healthy(
-                plan.base_url,
-                plan.served_model_name,
-                label=plan.recipe_name,
-                timeout_s=plan.health_timeout_s,
-                exit_detail=lambda: _cluster_exit(cluster_run, state),
-                last_lines=lambda n: cluster_run.log_lines(state, tail=n)[-n:],
-                on_tick=on_tick,
-            )
-        timings["health"] = time.monotonic() - t
-        rep.step("health", f"{plan.base_url} serves {plan.served_model_name}", timings["health"])
-        result = UpResult(plan=plan, timings=timings, cluster=cluster)
-        result.seconds_to_healthy = time.monotonic() - t_start
-        if opts.smoke:
-            t = time.monotonic()
-            reply = smoke_test(plan.base_url, plan.served_model_name)
-            timings["smoke"] = time.monotonic() - t
-            result.smoke_reply, result.smoke_tokens = reply.content, reply.completion_tokens
-            rep.step("smoke", f"1 chat completion, {reply.completion_tokens} token(s)", timings["smoke"])
-        return result
-    except BaseException:
-        with contextlib.suppress(Exception):
-            cluster_run.stop(state)
-        raise
+    A server bound to anything but loopback with no key at all is refused unless --no-auth: on a home
+    network that is a free GPU for anyone, and a token-holding machine's shell for some engines' tools.
+    """
+    from sparkctl.server import auth
+
+    key: str | None = None
+    if opts.api_key == auth.GENERATE:
+        key = auth.generate()
+    elif opts.api_key:
+        key = auth.check_key(opts.api_key, "--api-key")
+    elif recipe.serve.api_key_file:
+        key = auth.read_key_file(recipe.serve.api_key_file)
+    has_key = key is not None or auth.key_of(plan.api_key_file) is not None
+    if not has_key and not auth.is_loopback(plan.host) and not (opts.no_auth or recipe.serve.no_auth):
+        raise UserError(
+            f"{plan.recipe_name} would listen on {plan.host}:{plan.port} with no API key: anyone who can "
+            "reach this machine could use it",
+            hint="--api-key generate (a new key, stored 0600 and printed once), --api-key KEY, "
+            "serve.api_key_file, or --no-auth to serve it open anyway",
+        )
+    return key
 
 
-def _cluster_exit(cluster_run: Any, state: Any) -> str | None:
-    """Why the cluster cannot become healthy any more: the first of its parts that is no longer running."""
-    for row in cluster_run.status_rows(state):
-        if not row["running"]:
-            return f"{row['what']} on {row['node']} is not running"
-    return None
+def _warn_if_open(plan: Plan, key: str | None, rep: Reporter) -> None:
+    """`--no-auth` on a non-loopback address is allowed, never quiet: said first, in capitals."""
+    from sparkctl.server import auth
+
+    if key is None and auth.key_of(plan.api_key_file) is None and not auth.is_loopback(plan.host):
+        rep.warn(
+            f"OPEN TO THE NETWORK: {plan.recipe_name} will listen on {plan.host}:{plan.port} with NO API key "
+            "(--no-auth): anyone who can reach this machine can use it and read what it generates"
+        )
 
 
 def _cluster(recipe: Any, plan: Plan, opts: UpOptions, rep: Reporter, timings: dict[str, float]) -> Any:
@@ -535,9 +617,12 @@ def _already_local(recipe: Any) -> Path | None:
 
 
 def _plan(recipe: Any, model_path: Path | None, opts: UpOptions) -> Plan:
-    from sparkctl.planner import plan
+    from sparkctl.planner.build import make_plan
+    from sparkctl.planner.facts import gather_facts
 
-    made = plan(recipe, model_path=str(model_path) if model_path else None, check_memory=not opts.force)
+    # what this machine has (model files, binaries, memory, key file, link targets), then the pure planner
+    facts = gather_facts(recipe, str(model_path) if model_path else None)
+    made = make_plan(recipe, facts, check_memory=not opts.force)
     if opts.persist and made.container is not None:  # native: a systemd user unit once healthy (_launch)
         made = dataclasses.replace(
             made, container=dataclasses.replace(made.container, restart_policy="unless-stopped")
@@ -759,6 +844,8 @@ def _cleanup(runtime: Runtime, server: ServerState, timeout_s: float = 15.0) -> 
 
 
 def _where(s: ServerState) -> str:
+    if s.nodes:
+        return f"{len(s.parts)} part(s) on {', '.join(n['address'] for n in s.nodes)}"
     if s.container_name or s.container_id:
         return f"container {s.container_name or s.container_id[:12]}"
     return f"pid {s.pid}" if s.pid else s.runtime

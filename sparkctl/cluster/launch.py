@@ -11,6 +11,7 @@ not copied onto the worker's ranks. mp executor: the same `vllm serve` on every 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -19,7 +20,10 @@ from typing import Any, Literal
 
 from sparkctl.cluster.netenv import PER_NODE_VARS, NodeNetwork
 from sparkctl.errors import UserError
-from sparkctl.planner.render import arg_lines
+from sparkctl.planner.container import PORT_ENV, container_run
+from sparkctl.planner.render import arg_lines, docker_run_groups
+
+LABEL_ROLE = "io.sparkctl.cluster-role"
 
 RAY_PORT = 6379
 MASTER_PORT = 29501
@@ -34,7 +38,10 @@ class NodeStep:
     what: str  # one line shown before the command
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)  # for native steps; docker steps carry -e flags
+    # native steps: env files sourced first (the API key's 0600 file: the key is never on a command line)
+    env_files: tuple[str, ...] = ()
     wait_gpus: int | None = None  # a wait step: poll `argv` until Ray lists this many GPUs
+    server: bool = False  # the server itself (in a running container: started detached, its log kept there)
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,14 @@ class ClusterLaunch:
             "env": self.env,
             "containers": self.container_names,
             "steps": [
-                {"node": s.node, "role": s.role, "what": s.what, "argv": list(s.argv), "env": s.env}
+                {
+                    "node": s.node,
+                    "role": s.role,
+                    "what": s.what,
+                    "argv": list(s.argv),
+                    "env": s.env,
+                    "env_files": list(s.env_files),
+                }
                 for s in self.steps
             ],
         }
@@ -92,6 +106,7 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
     steps: list[NodeStep] = []
     names: dict[str, str] = {}
     docker = plan.container is not None
+    key_files = (plan.api_key_file,) if plan.api_key_file else ()  # the server's; it runs on the head
     if executor == "ray":
         name = f"sparkctl-ray-{plan.recipe_name}"
         gpus = "1" if plan.device == "cuda" else "0"
@@ -138,6 +153,7 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                     "head",
                     f"the server, {_shape(cluster)} over Ray",
                     ("docker", "exec", name, *plan.argv),
+                    server=True,
                 )
             )
         else:
@@ -158,6 +174,7 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                     f"the server, {_shape(cluster)} over Ray",
                     plan.argv,
                     env=env[head.node],
+                    env_files=key_files,
                 )
             )
     else:
@@ -180,7 +197,8 @@ def plan_launch(plan: Any, cluster: Any, networks: list[NodeNetwork]) -> Cluster
                     NodeStep(n.node, role, what, docker_run(plan, env[n.node], name, role, argv[0], argv[1:]))
                 )
             else:
-                steps.append(NodeStep(n.node, role, what, tuple(argv), env=env[n.node]))
+                files = key_files if role == "head" else ()
+                steps.append(NodeStep(n.node, role, what, tuple(argv), env=env[n.node], env_files=files))
     return ClusterLaunch(
         recipe_name=plan.recipe_name,
         executor=executor,
@@ -227,33 +245,26 @@ def _shape(cluster: Any) -> str:
 def docker_run(
     plan: Any, env: dict[str, str], name: str, role: str, entrypoint: str, args: list[str] | tuple[str, ...]
 ) -> tuple[str, ...]:
-    """`docker run -d` of the plan's container settings with this node's environment."""
-    c = plan.container
-    argv = ["docker", "run", "-d", "--name", name]
-    if c.gpus and plan.device == "cuda":
-        argv += ["--gpus", "all"]
-    argv += ["--network", "host"]  # Ray, NCCL and the mp rendezvous need the node's own addresses
-    if c.ipc_host:
-        argv += ["--ipc", "host"]
-    if c.shm_size:
-        argv += ["--shm-size", c.shm_size]
-    if c.memory_limit:
-        argv += ["--memory", c.memory_limit, "--memory-swap", c.memory_limit]
-    for ulimit, (soft, hard) in c.ulimits.items():
-        argv += ["--ulimit", f"{ulimit}={soft}:{hard}"]
-    for dev in c.devices:
-        argv += ["--device", dev]
-    for m in c.mounts:
-        argv += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
-    for k, v in env.items():
-        argv += ["-e", f"{k}={v}"]
-    if plan.model.needs_token:
-        argv += ["-e", "HF_TOKEN"]
-    for k, v in c.labels.items():
-        argv += ["--label", f"{k}={v}"]
-    argv += ["--label", f"io.sparkctl.cluster-role={role}"]
-    argv += ["--entrypoint", entrypoint, c.image, *args]
-    return tuple(argv)
+    """`docker run -d` of one node's part: the plan's one container description (`container_run`, as
+    `up` and `render` start it: --init, SPARKCTL_PORT, the healthcheck) with this node's environment,
+    name, role and command. The host network always (Ray, NCCL and the mp rendezvous need the node's own
+    addresses); the API key's env file and the healthcheck on the head only, where the server listens."""
+    run = container_run(plan)
+    head = role == "head"
+    run = dataclasses.replace(
+        run,
+        name=name,
+        entrypoint=entrypoint,
+        command=tuple(args),
+        env={**env, PORT_ENV: str(plan.port)},
+        env_files=run.env_files if head else (),
+        gpus=run.gpus and plan.device == "cuda",
+        network_host=True,
+        publish=(),
+        labels={**run.labels, LABEL_ROLE: role},
+        healthcheck=run.healthcheck if head else None,
+    )
+    return (*(w for group in docker_run_groups(run, detach=True) for w in group), *run.command)
 
 
 def render_launch(launch: ClusterLaunch) -> str:
@@ -271,7 +282,8 @@ def render_launch(launch: ClusterLaunch) -> str:
         out.append(f"# [{i}] on {step.node} ({step.role}): {step.what}")
         if step.wait_gpus:
             out.append(f"# repeat until it lists {step.wait_gpus} active nodes")
-        lines = [f"{k}={shlex.quote(v)}" for k, v in step.env.items()]
+        lines = [f"set -a; . {shlex.quote(f)}; set +a;" for f in step.env_files]
+        lines += [f"{k}={shlex.quote(v)}" for k, v in step.env.items()]
         lines += arg_lines(list(step.argv))  # one flag per line, as `sparkctl render` prints it
         out.append(" \\\n  ".join(lines))
     return "\n".join(out) + "\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparkctl.cluster.launch import ClusterLaunch, plan_launch
+from sparkctl.cluster.launch import ClusterLaunch, plan_launch, render_launch
 from sparkctl.cluster.nodes import Node, NodeAuthRefused, NodeUnreachable, parse_nodes
 from sparkctl.cluster.preflight import ClusterReport, check_cluster, request_for
 from sparkctl.errors import RuntimeFailure, UserError
@@ -21,6 +21,10 @@ class ClusterPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"preflight": self.report.to_json(), "launch": self.launch.to_json()}
+
+    def render_shell(self) -> str:
+        """What `render`/`up --dry-run` print for a plan served across nodes: each node's part, in order."""
+        return render_launch(self.launch)
 
 
 def cluster_nodes(recipe: Any, nodes: str | None) -> list[Node]:

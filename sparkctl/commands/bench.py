@@ -1,7 +1,8 @@
 """`sparkctl bench [RECIPE | --url URL]` and `sparkctl bench compare A.json B.json ...`.
 
-Parses options and renders; sparkctl.bench.runner does the work and returns the record. Progress
-goes to stderr, the table (or --markdown / --json) to stdout, files under --out.
+Parses options and renders: sparkctl.bench.config assembles the run (recipe defaults, workloads, grid,
+SLOs) and writes the files next to bench.json, sparkctl.bench.runner measures and returns the record.
+Progress goes to stderr, the table (or --markdown / --json) to stdout, files under --out.
 """
 
 from __future__ import annotations
@@ -16,30 +17,8 @@ from sparkctl.commands import output
 from sparkctl.commands.options import json_option, set_option
 from sparkctl.errors import UserError
 
-
-def _ints(value: str | None, what: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        vals = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError as exc:
-        raise UserError(f"{what} takes comma-separated integers, not {value!r}") from exc
-    if not vals or min(vals) < 0:
-        raise UserError(f"{what} takes comma-separated non-negative integers, not {value!r}")
-    return vals
-
-
-def _slo(values: tuple[str, ...]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for v in values:
-        key, sep, num = v.partition("=")
-        if not sep or key not in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"):
-            raise UserError(f"--slo {v!r} is not KEY=MS", hint="keys: ttft_ms, tpot_ms, e2e_ms, itl_ms")
-        try:
-            out[key] = float(num)
-        except ValueError as exc:
-            raise UserError(f"--slo {v!r}: {num!r} is not a number") from exc
-    return out
+# options that say how to render, not what to measure (the rest make a bench.config.BenchRequest)
+_RENDER_OPTIONS = ("markdown", "as_json", "no_html")
 
 
 class _DefaultToRun(click.Group):
@@ -160,82 +139,11 @@ def run_cmd(**kw: Any) -> None:
     (N-1)/(t_last-t_first); TPOT, ITL, prefill tok/s (checked against /metrics), e2e, goodput.
     Ctrl-C stops and keeps what was measured.
     """
-    from sparkctl.bench import grids
-    from sparkctl.bench.runner import BenchOptions, has_data, parse_sweep, run
-    from sparkctl.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, Config
+    from sparkctl.bench.config import BenchRequest, bench_options, write_outputs
+    from sparkctl.bench.runner import has_data, run
 
-    recipe = kw["recipe"]
     kw["api_key"] = _api_key_input(kw["api_key"])
-    if recipe and kw["url"]:
-        raise UserError("give a RECIPE or --url, not both")
-    if (kw["bring_up"] or kw["sweep"]) and not recipe:
-        raise UserError("--up and --sweep need a RECIPE")
-    defaults = _recipe_bench_defaults(recipe) if recipe else None
-    workloads = (
-        tuple(w.strip() for w in kw["workloads"].split(",") if w.strip())
-        if kw["workloads"]
-        else DEFAULT_WORKLOADS
-    )
-    bad = [w for w in workloads if w not in WORKLOADS]
-    if bad:
-        raise UserError(f"unknown workload(s): {', '.join(bad)}", hint=f"valid: {', '.join(WORKLOADS)}")
-    grid = None
-    from sparkctl.bench import t1
-
-    workloads, profile, kw["grid"] = t1.select(
-        kw["profile"], kw["profile_set"], workloads, bool(kw["workloads"]), kw["grid"], resume=kw["resume"]
-    )
-    if kw["grid"] or "grid" in workloads:
-        grid = grids.get_grid(
-            kw["grid"] or "arena-v2",
-            depths=_ints(kw["grid_depths"], "--grid-depths"),
-            concurrency=_ints(kw["grid_concurrency"], "--grid-concurrency"),
-            pp=kw["grid_pp"],
-            tg=kw["grid_tg"],
-            runs=kw["grid_runs"],
-        )
-        if "grid" not in workloads:
-            workloads = (*workloads, "grid") if kw["workloads"] else ("grid",)
-    cats = tuple(kw["categories"].split(",")) if kw["categories"] else None
-    from sparkctl.bench.prompts import CATEGORIES
-
-    if cats and any(c not in CATEGORIES for c in cats):
-        raise UserError(f"unknown category in {kw['categories']!r}", hint=f"valid: {', '.join(CATEGORIES)}")
-    d = defaults or {}
-    recipe_levels = tuple(d.get("concurrency") or ())
-    cfg = Config(
-        max_tokens=kw["max_tokens"] or d.get("max_tokens", 128),
-        warmup=kw["warmup"] if kw["warmup"] is not None else d.get("warmup", 1),
-        runs=kw["runs"] or d.get("runs", 3),
-        workloads=workloads,
-        categories=cats or tuple(CATEGORIES),
-        followup_tokens=kw["followup_tokens"],
-        long_tokens=_ints(kw["long_tokens"], "--long-tokens") or tuple(d.get("prompt_tokens") or ()),
-        concurrency=_ints(kw["levels"], "--concurrency")
-        or (recipe_levels if recipe_levels not in ((), (1,)) else (1, 2, 4, 8)),
-        requests_per_level=kw["requests"],
-        grid=grid,
-        slo=_slo(kw["slo"]),
-        profile=profile,
-    )
-    if 0 in cfg.concurrency:
-        raise UserError("--concurrency levels must be at least 1")
-    opts = BenchOptions(
-        recipe=recipe,
-        url=kw["url"],
-        model=kw["model"],
-        api_key=kw["api_key"],
-        api=kw["api"],
-        overrides=kw["sets"],
-        up=kw["bring_up"],
-        sweep=parse_sweep(kw["sweep"]) if kw["sweep"] else None,
-        out_dir=kw["out_dir"],
-        tokenizer=kw["tokenizer"],
-        timeout_s=kw["timeout"],
-        config=cfg,
-        resume=kw["resume"],
-        t2=kw["t2"],
-    )
+    opts = bench_options(BenchRequest(**{k: v for k, v in kw.items() if k not in _RENDER_OPTIONS}))
     from sparkctl.bench.progress import RichProgress
 
     err = _console(stderr=True)
@@ -249,25 +157,7 @@ def run_cmd(**kw: Any) -> None:
             err.print(f"[yellow]![/] interrupted before anything was measured{started}")
             sys.exit(130)
         raise outcome.stopped_by
-    paths = [outcome.json_path]
-    from sparkctl.bench.compare import to_llama_benchy
-
-    for i, v in enumerate(rec["variants"]):
-        lb = to_llama_benchy(rec, i)
-        if lb is not None:  # the grid also in llama-benchy's report format
-            from sparkctl.bench import record as records
-
-            suffix = (
-                ""
-                if len(rec["variants"]) == 1
-                else "-" + "".join(c if c.isalnum() else "_" for c in v["label"])
-            )
-            paths.append(records.save(lb, outcome.json_path.with_name(f"llama-benchy{suffix}.json")))
-    if not kw["no_html"]:
-        from sparkctl.bench import record as records
-        from sparkctl.bench.report import render_html
-
-        paths.append(records.write_text(render_html(rec), outcome.json_path.with_name("report.html")))
+    paths = write_outputs(rec, outcome.json_path, html=not kw["no_html"])
     _render(rec, markdown=kw["markdown"], as_json=kw["as_json"])
     for p in paths:
         err.print(f"[dim]wrote[/] {p}")
@@ -378,11 +268,9 @@ def compare_cmd(files: tuple[Path, ...], markdown: bool, as_json: bool, html_out
     else:
         _render_compare(result, markdown=markdown)
     if html_out:
-        from sparkctl.bench import record as records
-        from sparkctl.bench.report import render_compare_html
+        from sparkctl.bench.config import write_compare_html
 
-        records.write_text(render_compare_html(result), html_out)
-        _console(stderr=True).print(f"[dim]wrote[/] {html_out}")
+        _console(stderr=True).print(f"[dim]wrote[/] {write_compare_html(result, html_out)}")
 
 
 # -- rendering ---------------------------------------------------------------------------------------
@@ -399,13 +287,6 @@ def _up_reporter() -> Any:
         return RichReporter()
     except ImportError:  # the up core's default reporter prints nothing
         return None
-
-
-def _recipe_bench_defaults(recipe: str) -> dict[str, Any] | None:
-    from sparkctl.recipe import load_recipe
-
-    r = load_recipe(recipe, [])  # an unknown name is the loader's one-line UserError
-    return r.bench.model_dump() if getattr(r, "bench", None) is not None else None
 
 
 def _render(rec: dict[str, Any], *, markdown: bool, as_json: bool) -> None:

@@ -96,10 +96,6 @@ def show_cmd(
     from rich.table import Table
 
     # blocks that cannot affect this recipe are left out of the human view (JSON keeps everything)
-    if r.engine.name != "llama.cpp":
-        resolved["serve"].pop("llama_cpp", None)
-    if r.engine.name != "freetoken":
-        resolved["serve"].pop("freetoken", None)
     if r.runtime != "docker":
         resolved.pop("container", None)
     if r.cluster.nodes == 1 and r.cluster.tensor_parallel == 1 and r.cluster.pipeline_parallel == 1:

@@ -107,8 +107,8 @@ def sync_cmd(recipe: str, to: str, sets: tuple[str, ...], dry_run: bool, as_json
     """
     from sparkctl.cluster.nodes import parse_node
     from sparkctl.cluster.preflight import model_probe_for
-    from sparkctl.cluster.sync import SyncResult, sync_image, sync_model
     from sparkctl.plans import load_and_plan
+    from sparkctl.sync import SyncResult, sync_image, sync_model
 
     the_recipe, the_plan = load_and_plan(recipe, sets, check_memory=False)
     head, worker = parse_node("localhost"), parse_node(to)

@@ -40,6 +40,9 @@ class RichReporter:
 
         self.console.print(f"[yellow]![/] {escape(message)}")
 
+    def stage(self, name: str) -> None:
+        """Each stage says what it did when it finishes (`step`); a start needs no line of its own."""
+
     @contextlib.contextmanager
     def building(self, image: str) -> Iterator[Callable[[Any], None]]:
         from sparkctl.commands.image import BuildProgress, print_failure
@@ -178,7 +181,8 @@ def up_cmd(
 ) -> None:
     """Start RECIPE and wait until it serves a healthy OpenAI-compatible endpoint.
 
-    Stages: validate, doctor, image, fetch, memory, prewarm, launch, health, smoke. A failed or
+    Stages: validate, plan, dry-run, reconcile, doctor, ready, fetch, prepare, prewarm, launch, health,
+    smoke, persist (printed as they go; a cluster skips the local model's). A failed or
     interrupted start stops what it started. Running it again for a healthy recipe just reports it
     (--restart stops it and starts it again).
     """
@@ -233,9 +237,6 @@ def up_cmd(
         if verified is not None:
             verify_cmd.exit_on_failure(verified)
         return
-    if result.cluster is not None:
-        _print_cluster_summary(result)
-        return
     _print_summary(result)
     if verified is not None:
         verify_cmd.render(verified, as_json=False)
@@ -267,38 +268,19 @@ def _api_key_input(value: str | None) -> str | None:
     return value
 
 
-def _print_cluster_summary(result: Any) -> None:
-    plan, launch = result.plan, result.cluster.launch
-    nodes = ", ".join(launch.nodes)
-    if result.already_running:
-        output.text(f"{plan.recipe_name} is already up on {nodes}: {plan.base_url}/v1")
-        return
-    output.text(f"{plan.recipe_name} is up on {nodes} ({launch.executor}): {plan.base_url}/v1")
-    if result.seconds_to_healthy is not None:
-        output.text(f"  healthy {result.seconds_to_healthy:.1f}s after `up` started")
-    if result.smoke_reply is not None:
-        output.text(f"  smoke test: {result.smoke_tokens} token(s): {_shorten(result.smoke_reply, 60)!r}")
-    output.text(f"  status: sparkctl status {plan.recipe_name}    stop: sparkctl down {plan.recipe_name}")
-
-
 def _print_dry_run(result: Any, as_json: bool) -> None:
     from sparkctl.planner.render import plan_to_dict, render
 
     plan = result.plan
     if as_json:
         payload = {"dry_run": True, "plan": plan_to_dict(plan)}
-        if result.cluster is not None:
-            payload["cluster"] = result.cluster.to_json()
+        if plan.cluster is not None:  # each node's part, as planned from its probe
+            payload["cluster"] = plan.cluster.to_json()
         if result.unit is not None:
             payload["systemd_unit"] = {"path": result.unit[0], "text": result.unit[1]}
         output.json(payload)
         return
-    if result.cluster is not None:
-        from sparkctl.cluster.launch import render_launch
-
-        output.text(render_launch(result.cluster.launch), nl=False)
-    else:
-        output.text(render(plan, "shell"), nl=False)
+    output.text(render(plan, "shell"), nl=False)
     m = plan.model
     source = (
         f"hub {m.repo}@{m.revision or 'main'}"
@@ -337,7 +319,7 @@ def _print_summary(result: Any) -> None:
     s = result.state
     plan = result.plan
     url = f"{s.base_url}/v1"
-    where = f"container {s.container_name}" if s.container_name else f"pid {s.pid}"
+    where = _where(s)
     if result.already_running:
         output.text(
             f"{plan.recipe_name} is already up: {url} (model {s.served_model_name}, {where}, up {_age(s.started_at)})"
@@ -361,6 +343,13 @@ def _print_summary(result: Any) -> None:
         f"         curl {url}/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}"
     )
     output.text(f"  logs:  sparkctl logs -f {plan.recipe_name}    stop: sparkctl down {plan.recipe_name}")
+
+
+def _where(s: Any) -> str:
+    """Where a server runs, for the summary: its container, its pid, or its nodes."""
+    if s.nodes:
+        return f"on {', '.join(n['address'] for n in s.nodes)} ({s.extra.get('executor', '')})"
+    return f"container {s.container_name}" if s.container_name else f"pid {s.pid}"
 
 
 def _age(started_at: float) -> str:
@@ -388,17 +377,8 @@ def _age(started_at: float) -> str:
 def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
     """Stop RECIPE (or --all) and remove its process or container. Stopping a stopped one is fine."""
     from sparkctl import servers
-    from sparkctl.cluster import run as cluster_run
 
-    clusters = cluster_run.all_states() if all_ else [c for c in [cluster_run.load(recipe or "")] if c]
-    for c in clusters:  # a recipe served across nodes: every node's containers and processes
-        stopped = cluster_run.stop(c, timeout_s=timeout)
-        output.text(f"stopped {c.recipe} on {len({line.split(':')[0] for line in stopped})} node(s)")
-    if clusters and not all_:
-        return
     results = servers.down(recipe, all_, timeout_s=timeout)
-    if not results and clusters:
-        return
     if not results:
         output.text(f"{recipe} is not running" if recipe else "no sparkctl servers are running")
         return
@@ -407,8 +387,10 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
         if r.error is not None:
             output.text(f"error: {output.shown(r.recipe)}: {output.shown(r.error, 600)}", err=True)
         else:
+            where = f" on {r.nodes} node(s)" if r.nodes > 1 else ""
             output.text(
-                f"stopped {output.shown(r.recipe)}" + (f" ({output.shown(r.note, 600)})" if r.note else "")
+                f"stopped {output.shown(r.recipe)}{where}"
+                + (f" ({output.shown(r.note, 600)})" if r.note else "")
             )
     if failures:
         raise RuntimeFailure(f"{len(failures)} of {len(results)} server(s) could not be stopped (see above)")
@@ -423,20 +405,12 @@ def down_cmd(recipe: str | None, all_: bool, timeout: float) -> None:
 def status_cmd(recipe: str | None, as_json: bool) -> None:
     """Show running servers: recipe, runtime, port, uptime, health (probed now) and memory."""
     from sparkctl import servers
-    from sparkctl.cluster import run as cluster_run
 
-    clusters = cluster_run.all_states() if not recipe else [c for c in [cluster_run.load(recipe)] if c]
-    if clusters:
-        _cluster_status(clusters, as_json)
-        if recipe:
-            return
     rows = servers.status_rows(recipe)
     for line in servers.damaged_records(recipe) + [
         f"{r['recipe']}: {r['error']}" for r in rows if r["error"]
     ]:
         output.warn(line)
-    if clusters and not rows:
-        return
     if recipe and not rows:
         servers.known_recipe(recipe)
     if as_json:
@@ -470,43 +444,22 @@ def status_cmd(recipe: str | None, as_json: bool) -> None:
             output.cell(f"{r['base_url']}/v1"),
         )
     output.table(table)
+    across = [r for r in rows if r.get("nodes")]
+    if across:
+        _parts_table(across)
 
 
-def _cluster_status(clusters: list[Any], as_json: bool) -> None:
-    """One row per node part (Ray head/worker, server, headless rank), with the endpoint's health."""
-    from sparkctl.cluster import run as cluster_run
-    from sparkctl.server.client import probe_health
-
-    data = []
-    for c in clusters:
-        health = "healthy" if probe_health(c.base_url, timeout_s=2.0) else "unhealthy"
-        data.append(
-            {
-                "recipe": c.recipe,
-                "base_url": c.base_url,
-                "health": health,
-                "nodes": cluster_run.status_rows(c),
-            }
-        )
-    if as_json:
-        output.json(data)
-        return
+def _parts_table(rows: list[dict[str, Any]]) -> None:
+    """One row per part on each node (Ray head/worker, server, headless rank) of a server across Sparks."""
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("RECIPE", "NODE", "PART", "STATE", "ID", "HEALTH", "URL"):
+    for col in ("RECIPE", "NODE", "PART", "STATE", "ID"):
         table.add_column(col)
-    for c in data:
-        for r in c["nodes"]:
-            table.add_row(
-                c["recipe"],
-                r["node"],
-                r["what"],
-                "running" if r["running"] else "stopped",
-                r["id"][:12],
-                c["health"],
-                f"{c['base_url']}/v1",
-            )
+    for r in rows:
+        for p in r["nodes"]:
+            state = "running" if p["running"] else "stopped"
+            table.add_row(r["recipe"], p["node"], p["what"], state, p["id"][:12])
     output.table(table)
 
 
@@ -522,17 +475,8 @@ def _cluster_status(clusters: list[Any], as_json: bool) -> None:
 def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
     """Print the server log of RECIPE (also after a failed `up` or a `down`: the last log is kept)."""
     from sparkctl import servers
-    from sparkctl.cluster import run as cluster_run
 
-    cluster = cluster_run.load(recipe)
-    if cluster is not None:  # every node's parts, each line prefixed with its node
-        lines: Any = (
-            cluster_run.follow_lines(cluster, tail=tail)
-            if follow
-            else cluster_run.log_lines(cluster, tail=tail)
-        )
-    else:
-        lines = servers.log_lines(recipe, tail=tail, follow=follow)
+    lines = servers.log_lines(recipe, tail=tail, follow=follow)
     try:
         for line in lines:
             output.text(line)
@@ -569,12 +513,10 @@ def logs_cmd(recipe: str, follow: bool, tail: int | None) -> None:
 def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: float) -> None:
     """Send one chat message to a running server and stream the answer to stdout."""
     from sparkctl import servers
-    from sparkctl.cluster import run as cluster_run
     from sparkctl.server.auth import key_of
     from sparkctl.server.client import stream_chat
 
-    cluster = cluster_run.load(recipe) if recipe else None
-    st: Any = cluster if cluster is not None else servers.chat_target(recipe)
+    st = servers.chat_target(recipe)
     t0 = time.monotonic()
     pieces = 0
     for piece in stream_chat(
@@ -583,7 +525,7 @@ def chat_cmd(recipe: str | None, message: str, max_tokens: int, temperature: flo
         message,
         max_tokens=max_tokens,
         temperature=temperature,
-        api_key=None if cluster is not None else key_of(st.extra.get("api_key_file")),
+        api_key=key_of(st.extra.get("api_key_file")),
     ):
         pieces += 1
         output.text(piece, nl=False)

@@ -30,9 +30,9 @@ def resolve_targets(targets: tuple[str, ...], sets: tuple[str, ...]) -> tuple[li
         if sets:
             raise UserError("--set applies to a recipe, not to paths")
         return [str(Path(t).expanduser()) for t in targets], None
-    from sparkctl.plans import local_model_dir
+    from sparkctl.up import locate_model  # the PREWARM_STAGES of `up`: validate, then the local model
 
-    local, workers = local_model_dir(targets[0], sets)
+    local, workers = locate_model(targets[0], sets)
     return [str(local)], workers
 
 

@@ -54,7 +54,10 @@ def spark_spec(
     image = None
     extra: dict[str, str] = {}
     if recipe is not None:
-        if recipe.engine.name != "vllm":
+        from sparkctl.planner.adapters import adapter_for
+
+        engine = adapter_for(recipe.engine.name)
+        if not engine.builds_image:
             raise UserError(f"{recipe.name} uses {recipe.engine.name}; sparkctl build makes the vLLM image")
         if recipe.runtime != "docker" or not recipe.container or not recipe.container.image:
             raise UserError(
@@ -65,7 +68,7 @@ def spark_spec(
                 f"{recipe.name} runs the local test image {recipe.container.image}, made by `make test-image`, "
                 "not by sparkctl build"
             )
-        found = pins_for("vllm", recipe.engine.version)
+        found = pins_for(engine.name, recipe.engine.version)
         if found is None:
             raise UserError(
                 f"sparkctl has no pins for vllm {recipe.engine.version} ({recipe.name}'s engine.version)",

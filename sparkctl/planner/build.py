@@ -7,25 +7,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
 
 from sparkctl.errors import UserError
 from sparkctl.models.generators import GENERATORS
 from sparkctl.models.source import PrepareSteps
-from sparkctl.planner import engine_bins
-from sparkctl.planner.engines import (
-    check_extra_args,
-    check_kv_dtype,
-    freetoken_argv,
-    llamacpp_argv,
-    vllm_argv,
-)
+from sparkctl.planner.adapters import adapter_for
+from sparkctl.planner.engines import check_extra_args, check_kv_dtype
+from sparkctl.planner.facts import Facts
 from sparkctl.planner.keyed import with_key_file
-from sparkctl.planner.memory import gib, plan_memory
+from sparkctl.planner.memory import plan_memory
 from sparkctl.planner.types import ContainerSpec, LoadPolicy, ModelSource, Mount, Plan
+from sparkctl.recipe.schema import Recipe
 
 CONTAINER_MODEL_ROOT = "/models"
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -42,13 +36,13 @@ _CLUSTER_IF_VARS = (
 )
 
 
-def recipe_hash(recipe: Any) -> str:
+def recipe_hash(recipe: Recipe) -> str:
     data = recipe.model_dump(mode="json", by_alias=True)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
-def model_source(recipe: Any) -> ModelSource:
+def model_source(recipe: Recipe) -> ModelSource:
     m = recipe.model
     if m.generate is not None and m.generate not in GENERATORS:
         raise UserError(
@@ -59,7 +53,7 @@ def model_source(recipe: Any) -> ModelSource:
         repo=m.repo,
         revision=m.revision,
         allow_patterns=tuple(m.allow_patterns),
-        path=_abs(m.path) if m.path else None,
+        path=abs_path(m.path) if m.path else None,
         generate=m.generate,
         format=m.format,
         expected_shards=m.expected_shards,
@@ -69,7 +63,7 @@ def model_source(recipe: Any) -> ModelSource:
     )
 
 
-def prepare_steps(recipe: Any) -> PrepareSteps | None:
+def prepare_steps(recipe: Recipe) -> PrepareSteps | None:
     """The recipe's prepare steps with the overlay they produce (the engine is pointed there)."""
     m, p = recipe.model, recipe.model.prepare
     if p is None:
@@ -88,52 +82,43 @@ def prepare_steps(recipe: Any) -> PrepareSteps | None:
     return PrepareSteps(index=p.index, config=p.config, chat_template=p.chat_template, overlay=str(overlay))
 
 
-def _abs(path: str) -> str:
+def abs_path(path: str) -> str:
     """Absolute, `~` expanded, symlinks kept: docker bind mounts need absolute host paths."""
     return os.path.abspath(os.path.expanduser(path))
 
 
-def default_entrypoint(recipe: Any) -> list[str]:
+def default_entrypoint(recipe: Recipe) -> list[str]:
     if recipe.engine.entrypoint:
         return list(recipe.engine.entrypoint)
-    if recipe.engine.name == "llama.cpp":
-        if recipe.runtime == "docker":
-            return ["llama-server"]  # the image's own
-        return [engine_bins.llama_server_command(recipe.engine.device)]
-    if recipe.engine.name == "freetoken":
-        return ["ft" if recipe.runtime == "docker" else engine_bins.freetoken_command(), "serve"]
-    if recipe.runtime == "docker":
-        return ["vllm", "serve"]
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    return adapter_for(recipe.engine.name).entrypoint(recipe, docker=recipe.runtime == "docker")
 
 
-def _pick_gguf(directory: Path, recipe: Any) -> str | None:
+def _pick_gguf(files: tuple[str, ...], recipe: Recipe) -> str | None:
     """The GGUF file llama-server should open: the named one, or the first match (first shard of a split)."""
     m = recipe.model
     if m.gguf_file:
         return m.gguf_file
-    try:
-        files = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*.gguf"))
-    except OSError:
-        return None
+    picked = list(files)
     if m.allow_patterns:
-        files = [
-            f for f in files if any(fnmatch(f, pat) or fnmatch(Path(f).name, pat) for pat in m.allow_patterns)
+        picked = [
+            f
+            for f in picked
+            if any(fnmatch(f, pat) or fnmatch(Path(f).name, pat) for pat in m.allow_patterns)
         ]
-    firsts = [f for f in files if "-00001-of-" in f]
-    return (firsts or files or [None])[0]
+    firsts = [f for f in picked if "-00001-of-" in f]
+    return (firsts or picked or [None])[0]
 
 
-def _local_dir(recipe: Any, model_path: str | None) -> str | None:
+def local_dir(recipe: Recipe, model_path: str | None) -> str | None:
     """The host directory holding the model, when the plan can name one."""
     if model_path:
-        return _abs(model_path)
+        return abs_path(model_path)
     m = recipe.model
     steps = prepare_steps(recipe)
     if steps is not None:
         return steps.overlay  # `up` prepares it from the download, then serves it
     if m.path:
-        return _abs(m.path)
+        return abs_path(m.path)
     if m.generate:
         from sparkctl.paths import generated_model_dir
 
@@ -141,13 +126,42 @@ def _local_dir(recipe: Any, model_path: str | None) -> str | None:
     return None
 
 
-def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = True) -> Plan:
-    """Turn a validated Recipe into a Plan.
+def plan(recipe: Recipe, *, model_path: str | None = None, check_memory: bool = True) -> Plan:
+    """Gather this machine's facts for `recipe` (planner.facts), then plan from them (`make_plan`).
 
     `model_path` is the resolved local model directory (after download/generation); for docker it is
     mounted read-only under /models and the command names the in-container path. Without it the command
     names the hub repo (the engine downloads into the mounted HF cache), the local path, or the
     generator's output directory.
+    """
+    from sparkctl.planner.facts import gather_facts
+
+    return make_plan(recipe, gather_facts(recipe, model_path), check_memory=check_memory)
+
+
+def container_mounts(recipe: Recipe, facts: Facts) -> list[Mount]:
+    """Every mount of a docker plan but the link targets, decided here only: the model directory, the
+    HF cache, the recipe's own, and where a prepared overlay's links point. [] for a native plan."""
+    if recipe.runtime != "docker":
+        return []
+    mounts: list[Mount] = []
+    if facts.model_dir is not None:
+        target = str(Path(CONTAINER_MODEL_ROOT) / recipe.name)
+        mounts.append(Mount(source=str(Path(facts.model_dir)), target=target, read_only=True))
+    c = recipe.container
+    if c.hf_cache:
+        mounts.append(Mount(source=abs_path(c.hf_cache), target=CONTAINER_HF_CACHE))
+    for mnt in c.mounts:
+        mounts.append(Mount(source=abs_path(mnt.source), target=mnt.target, read_only=mnt.read_only))
+    steps = prepare_steps(recipe)
+    if steps is not None and facts.model_dir == steps.overlay:
+        for root in facts.overlay_link_roots:  # the overlay's links resolve in the container too
+            mounts.append(Mount(source=root, target=root, read_only=True))
+    return mounts
+
+
+def make_plan(recipe: Recipe, facts: Facts, *, check_memory: bool = True) -> Plan:
+    """Turn a validated Recipe and the facts gathered about this machine into a Plan; no I/O.
 
     With `check_memory` (the default) a memory plan that cannot work raises UserError with the numbers;
     `show --no-check` passes False to display it anyway (the Plan then has memory.fits False).
@@ -156,25 +170,22 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     notes: list[str] = []
     rhash = recipe_hash(recipe)
     docker = recipe.runtime == "docker"
-    entrypoint = default_entrypoint(recipe)
-    mounts: list[Mount] = []
+    engine = adapter_for(recipe.engine.name)
+    entrypoint = list(facts.entrypoint) or default_entrypoint(recipe)
 
-    local = _local_dir(recipe, model_path)
+    local = facts.model_dir
     model_arg: str
     revision: str | None = None
     gguf_model: dict[str, str] = {}
     if local is not None:
         host_dir = Path(local)
-        arg_dir = host_dir
-        if docker:
-            arg_dir = Path(CONTAINER_MODEL_ROOT) / recipe.name
-            mounts.append(Mount(source=str(host_dir), target=str(arg_dir), read_only=True))
+        arg_dir = Path(CONTAINER_MODEL_ROOT) / recipe.name if docker else host_dir
         model_arg = str(arg_dir)
         if recipe.model.format == "gguf":
             if host_dir.suffix == ".gguf":
                 gguf_model = {"path": model_arg}
             else:
-                name = _pick_gguf(host_dir, recipe)
+                name = _pick_gguf(facts.gguf_files, recipe)
                 if name is None:
                     raise UserError(
                         f"no .gguf file found in {host_dir}",
@@ -184,48 +195,16 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
     else:
         model_arg = recipe.model.repo
         revision = recipe.model.revision
-        if recipe.engine.name == "llama.cpp":
-            if recipe.model.gguf_file:
-                gguf_model = {"hf": recipe.model.repo, "file": recipe.model.gguf_file}
-            elif recipe.model.quant:
-                gguf_model = {"hf": f"{recipe.model.repo}:{recipe.model.quant}"}
-            else:
-                raise UserError(
-                    "a GGUF repo needs model.gguf_file or model.quant to pick the file llama-server loads"
-                )
-            if revision:
-                notes.append(
-                    f"llama-server downloads the newest revision; {revision} is checked by `up` only"
-                )
+        gguf_model = engine.hub_model(recipe, notes)
 
-    if recipe.engine.name == "vllm":
-        argv = vllm_argv(recipe, entrypoint, model_arg, revision)
-        if recipe.model.prepare is not None and recipe.model.prepare.chat_template:
-            from sparkctl.prepare.plan import CHAT_TEMPLATE_NAME
-
-            argv += ["--chat-template", f"{model_arg}/{CHAT_TEMPLATE_NAME}"]
-    elif recipe.engine.name == "freetoken":
-        if gguf_model.get("path"):
-            model_arg = gguf_model["path"]
-        argv = freetoken_argv(recipe, entrypoint, model_arg)
-    else:
-        argv = llamacpp_argv(recipe, entrypoint, gguf_model)
+    argv = engine.argv(recipe, entrypoint, model_arg, revision, gguf_model)
 
     env = _env(recipe, warnings, notes)
 
     container = None
     if docker:
         c = recipe.container
-        if c.hf_cache:
-            mounts.append(Mount(source=_abs(c.hf_cache), target=CONTAINER_HF_CACHE))
-        for mnt in c.mounts:
-            mounts.append(Mount(source=_abs(mnt.source), target=mnt.target, read_only=mnt.read_only))
-        steps = prepare_steps(recipe)
-        if steps is not None and local == steps.overlay:
-            for root in _overlay_link_roots(
-                recipe, steps
-            ):  # the overlay's links resolve in the container too
-                mounts.append(Mount(source=root, target=root, read_only=True))
+        mounts = [*container_mounts(recipe, facts), *facts.link_mounts]
         container = ContainerSpec(
             image=c.image,
             name=c.name or f"sparkctl-{recipe.name}",
@@ -261,7 +240,12 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
             "(`--dry-run` prints them); the model must be at the same path on every node"
         )
 
-    check = plan_memory(recipe, model_path=local if local and Path(local).exists() else None)
+    check = plan_memory(
+        recipe,
+        model_config=facts.model_config,
+        weights_bytes=facts.weights_bytes,
+        host_bytes=facts.host_memory_bytes,
+    )
     if check.problems and check_memory:
         raise UserError(
             f"recipe {recipe.name} does not fit in memory: " + "; ".join(check.problems),
@@ -298,47 +282,14 @@ def plan(recipe: Any, *, model_path: str | None = None, check_memory: bool = Tru
         else None,
         image_pins=recipe.engine.effective_pins() if recipe.runtime == "docker" else {},
     )
-    return with_key_file(plan, _api_key_file(recipe))
+    return with_key_file(plan, facts.api_key_file)
 
 
-def _overlay_link_roots(recipe: Any, steps: PrepareSteps) -> list[str]:
-    """Host directories the prepare overlay's links point into, mounted at their own path.
-
-    From the overlay itself once it exists; before that, where the download will be: the repo's blob
-    store in the mounted HF cache, or the local model directory.
-    """
-    overlay = Path(steps.overlay)
-    if overlay.is_dir():
-        roots = {str(Path(os.path.realpath(p)).parent) for p in overlay.rglob("*") if p.is_symlink()}
-        return sorted(roots)
-    m = recipe.model
-    if m.repo and recipe.container.hf_cache:
-        return [
-            os.path.join(
-                _abs(recipe.container.hf_cache), "hub", "models--" + m.repo.replace("/", "--"), "blobs"
-            )
-        ]
-    if m.path:
-        return [os.path.realpath(_abs(m.path))]
-    return []
+def _fit_hint(recipe: Recipe) -> str:
+    return adapter_for(recipe.engine.name).fit_hint(recipe)
 
 
-def _fit_hint(recipe: Any) -> str:
-    s = recipe.serve
-    if recipe.engine.name == "llama.cpp":
-        return f"lower serve.max_model_len (now {s.max_model_len}) or use a smaller quant"
-    if s.kv_cache_memory_bytes is not None:
-        return (
-            f"lower serve.max_model_len (now {s.max_model_len}) or adjust serve.kv_cache_memory_bytes "
-            f"(now {gib(s.kv_cache_memory_bytes)}), e.g. --set serve.max_model_len=32768"
-        )
-    return (
-        f"lower serve.max_model_len (now {s.max_model_len}), raise serve.gpu_memory_utilization, or use "
-        "a kv_cache_dtype of fp8, e.g. --set serve.max_model_len=32768"
-    )
-
-
-def _env(recipe: Any, warnings: list[str], notes: list[str]) -> dict[str, str]:
+def _env(recipe: Recipe, warnings: list[str], notes: list[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     cluster = recipe.cluster
     if cluster.nodes > 1:
@@ -365,15 +316,6 @@ def _env(recipe: Any, warnings: list[str], notes: list[str]) -> dict[str, str]:
             )
     env.update(recipe.env_strings())
     return env
-
-
-def _api_key_file(recipe: Any) -> str | None:
-    """The key env file the engine reads its API key from: when the recipe names a key file (`up` writes
-    the env file from it), or when a key was stored for this recipe before (`up --api-key`)."""
-    from sparkctl.paths import api_key_file
-
-    path = api_key_file(recipe.name)
-    return str(path) if recipe.serve.api_key_file or path.exists() else None
 
 
 # Host paths that hand the container the whole machine: the engine (and any model code it runs with

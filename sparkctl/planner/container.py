@@ -10,7 +10,6 @@ not left to each translation.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +65,7 @@ class ContainerRun:
     init: bool
     labels: dict[str, str]
     restart_policy: str
-    healthcheck: Healthcheck
+    healthcheck: Healthcheck | None  # None: serves no HTTP (a cluster worker), the image's check is off
 
 
 def container_name_for(recipe_name: str) -> str:
@@ -79,14 +78,10 @@ def _url_host(host: str) -> str:
 
 
 def _healthcheck(plan: Plan) -> Healthcheck:
-    """GET /health from inside the container: Python for vLLM images (no curl there), curl otherwise."""
-    url = shlex.quote(f"http://{_url_host(plan.host)}:{plan.port}/health")
-    if plan.engine == "vllm":  # the URL as an argument: the code needs no quotes of its own
-        command = (
-            f'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" {url}'
-        )
-    else:
-        command = f"curl -fsS {url}"
+    """GET /health from inside the container, as the engine's adapter says its image can."""
+    from sparkctl.planner.adapters import adapter_for
+
+    command = adapter_for(plan.engine).health_command(f"http://{_url_host(plan.host)}:{plan.port}/health")
     return Healthcheck(command=command, start_period_s=int(plan.health_timeout_s))
 
 

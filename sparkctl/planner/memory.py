@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.planner.types import MemoryPlan
+from sparkctl.recipe.schema import Recipe
 
 GiB = 1024**3
 # What a GB10 reports as total device memory: 128 GB of LPDDR5X shows up as ~121.69 GiB.
@@ -69,13 +70,14 @@ def host_memory_bytes() -> int:
         return 0
 
 
-def kv_element_bytes(recipe: Any) -> float:
+def kv_element_bytes(recipe: Recipe) -> float:
     """Bytes per cached element at the serving KV dtype ('auto' follows the model dtype)."""
     dtype = recipe.serve.kv_cache_dtype
     if dtype == "auto":
         dtype = "float32" if recipe.serve.dtype == "float32" else "bfloat16"
-    if recipe.engine.name == "llama.cpp" and dtype == "bfloat16" and recipe.serve.kv_cache_dtype == "auto":
-        dtype = "f16"  # llama-server's default cache type
+    from sparkctl.planner.adapters import adapter_for
+
+    dtype = adapter_for(recipe.engine.name).kv_dtype(recipe, dtype)
     try:
         return _DTYPE_BYTES[dtype]
     except KeyError:
@@ -101,21 +103,30 @@ def _int(cfg: dict[str, Any], *keys: str) -> int | None:
     return None
 
 
+def read_model_config(model_dir: str | None) -> dict[str, Any] | None:
+    """A local Hugging Face model directory's config.json, or None when it cannot be read (planner.facts)."""
+    if not model_dir:
+        return None
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def kv_shape_from_config(model_dir: str | None) -> KVShape | None:
-    """The KV geometry of a local Hugging Face model directory, or None when it cannot be read.
+    """The KV geometry of a local Hugging Face model directory, or None when it cannot be read."""
+    return kv_shape(read_model_config(model_dir))
+
+
+def kv_shape(cfg: dict[str, Any] | None) -> KVShape | None:
+    """The KV geometry a model config describes, or None.
 
     Covers the layouts our recipes serve: GQA/MHA (num_key_value_heads x head_dim), MLA (kv_lora_rank +
     qk_rope_head_dim per layer), hybrids whose `layer_types` / `full_attention_interval` mark which
     layers keep a KV cache, and multimodal configs that nest the language model under `text_config`.
     """
-    if not model_dir:
-        return None
-    path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(cfg, dict):
+    if cfg is None:
         return None
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
@@ -141,7 +152,7 @@ def kv_shape_from_config(model_dir: str | None) -> KVShape | None:
     return KVShape(layers=layers, kv_heads=kv_heads, head_dim=head_dim)
 
 
-def kv_bytes_per_token(recipe: Any, shape: KVShape | None = None) -> int:
+def kv_bytes_per_token(recipe: Recipe, shape: KVShape | None = None) -> int:
     """KV bytes one token of context costs on one node, or 0 when the geometry is unknown.
 
     The recipe's `model.kv` wins; `shape` (read from the model's config.json) fills in when it is unset.
@@ -180,8 +191,15 @@ def weights_on_disk(model_path: str | None) -> int | None:
     return None
 
 
-def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
-    """Weights + KV + overhead against the pool; per node when the model is split across Sparks."""
+def plan_memory(
+    recipe: Recipe,
+    *,
+    model_config: dict[str, Any] | None = None,
+    weights_bytes: int | None = None,
+    host_bytes: int = 0,
+) -> MemoryCheck:
+    """Weights + KV + overhead against the pool; per node when the model is split across Sparks. Pure:
+    the model's config and size on disk and the host's RAM come from planner.facts."""
     device = recipe.engine.device
     mem = recipe.memory
     serve = recipe.serve
@@ -197,7 +215,7 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
         total = SPARK_POOL_BYTES
         pool_name = "the DGX Spark unified pool (128 GB, 121.69 GiB visible)"
     else:
-        total = host_memory_bytes()
+        total = host_bytes
         pool_name = "this host's RAM"
     notes.append(f"pool: {gib(total)}, {pool_name}" + (" per node" if ranks > 1 else ""))
 
@@ -206,7 +224,7 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
         per_node = " per node" if ranks > 1 else ""
         notes.append(f"weights: {gib(weights)} resident{per_node} (memory.weights_bytes)")
     else:
-        on_disk = recipe.model.expected_bytes or weights_on_disk(model_path)
+        on_disk = recipe.model.expected_bytes or weights_bytes
         if on_disk:
             weights = -(-on_disk // ranks)
             split = f", split over {ranks} ranks" if ranks > 1 else ""
@@ -219,21 +237,25 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
             )
 
     overhead = mem.overhead_bytes if mem.overhead_bytes is not None else DEFAULT_OVERHEAD[device]
-    shape = None if recipe.model.kv is not None else kv_shape_from_config(model_path)
+    shape = None if recipe.model.kv is not None else kv_shape(model_config)
     per_token = kv_bytes_per_token(recipe, shape)
     if shape is not None and per_token:
         notes.append(f"kv geometry from the model's config.json: {per_token:,} B/token")
     need_tokens = serve.max_model_len
 
-    if recipe.engine.name in ("llama.cpp", "freetoken"):
+    from sparkctl.planner.adapters import adapter_for
+
+    engine = adapter_for(recipe.engine.name)
+    if engine.kv_up_front:
         # llama-server allocates the whole -c context up front: max_model_len for each of its -np slots;
         # FreeToken sizes its KV from free memory, counted here as the same max_model_len per sequence
         need_tokens = serve.max_model_len * (serve.max_num_seqs or 1)
         kv = need_tokens * per_token
         budget = weights + kv + overhead
         if per_token:
-            who = "llama-server" if recipe.engine.name == "llama.cpp" else "FreeToken (at least)"
-            notes.append(f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by {who}")
+            notes.append(
+                f"kv cache: {need_tokens:,} tokens x {per_token:,} B allocated up front by {engine.kv_owner}"
+            )
     elif serve.kv_cache_memory_bytes is not None:
         kv = serve.kv_cache_memory_bytes
         budget = weights + kv + overhead
@@ -266,7 +288,7 @@ def plan_memory(recipe: Any, *, model_path: str | None = None) -> MemoryCheck:
     if per_token == 0:
         notes.append("kv bytes per token unknown (model.kv not set): context capacity not checked")
 
-    if kv <= 0 and not (recipe.engine.name in ("llama.cpp", "freetoken") and per_token == 0):
+    if kv <= 0 and not (engine.kv_up_front and per_token == 0):
         problems.append(
             f"no room for a KV cache: weights {gib(weights)} + overhead {gib(overhead)} exceed the "
             f"engine budget {gib(budget)}"

@@ -38,7 +38,8 @@ _RESERVED = frozenset(
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    data = dataclasses.asdict(plan)
+    data = dataclasses.asdict(dataclasses.replace(plan, cluster=None))
+    del data["cluster"]  # rendered as its own part (`up --nodes --dry-run --json`: "cluster")
     data["base_url"] = plan.base_url
     return data
 
@@ -115,6 +116,8 @@ def render_shell(plan: Plan) -> str:
         f"# sparkctl plan for {plan.recipe_name} ({plan.engine}, {plan.runtime}); serves {plan.base_url}/v1"
     )
     header += "\n" + "".join(_comment(f"# note: {n}") + "\n" for n in plan.notes)
+    if plan.cluster is not None:  # served across Sparks: what runs on which node, in order
+        return str(plan.cluster.render_shell())
     if not plan.argv:
         raise UserError(f"cannot render {plan.recipe_name}: the plan has no command")
     if plan.api_key_file:  # the key itself is never rendered: only the 0600 file that holds it
@@ -140,13 +143,18 @@ def _publish_spec(host: str, port: int) -> str:
     return f"[{host}]:{port}:{port}" if ":" in host else f"{host}:{port}:{port}"
 
 
-def docker_run_groups(run: ContainerRun) -> list[list[str]]:
+def docker_run_groups(run: ContainerRun, *, detach: bool = False) -> list[list[str]]:
     """`docker run` of `run` up to the image, one option (with its values) a group: a group is one line of
-    the rendered script (shlex-joined), and all groups' words plus `run.command` are the argv."""
-    if run.restart_policy == "no":  # a hand-run cleans up after itself; `up` keeps a dead container's log
-        first = ["docker", "run", "--rm"]
-    else:
+    the rendered script (shlex-joined), and all groups' words plus `run.command` are the argv.
+
+    `detach`: started in the background and kept after it exits (a cluster node's part: its log is what
+    `sparkctl logs` reads there, `down` removes it)."""
+    if run.restart_policy != "no":
         first = ["docker", "run", "-d", "--restart", run.restart_policy]
+    elif detach:
+        first = ["docker", "run", "-d"]
+    else:  # a hand-run cleans up after itself; `up` keeps a dead container's log
+        first = ["docker", "run", "--rm"]
     groups = [first, ["--name", _not_a_flag(run.name, "container name")]]
     if run.init:
         groups.append(["--init"])
@@ -179,11 +187,14 @@ def docker_run_groups(run: ContainerRun) -> list[list[str]]:
     for k, v in run.labels.items():
         groups.append(["--label", f"{k}={v}"])
     h = run.healthcheck
-    groups.append(["--health-cmd", h.command])
-    groups.append(
-        ["--health-interval", f"{h.interval_s}s", "--health-timeout", f"{h.timeout_s}s", "--health-retries",
-         str(h.retries), "--health-start-period", f"{h.start_period_s}s"]
-    )  # fmt: skip
+    if h is None:  # serves no HTTP (a cluster worker): the image's own HEALTHCHECK would fail forever
+        groups.append(["--no-healthcheck"])
+    else:
+        groups.append(["--health-cmd", h.command])
+        groups.append(
+            ["--health-interval", f"{h.interval_s}s", "--health-timeout", f"{h.timeout_s}s", "--health-retries",
+             str(h.retries), "--health-start-period", f"{h.start_period_s}s"]
+        )  # fmt: skip
     groups.append(["--entrypoint", run.entrypoint])
     groups.append([_not_a_flag(run.image, "image")])
     return groups
@@ -269,13 +280,17 @@ def render_compose(plan: Plan) -> str:
             }
         }
     h = run.healthcheck
-    service["healthcheck"] = {
-        "test": ["CMD-SHELL", h.command],
-        "interval": f"{h.interval_s}s",
-        "timeout": f"{h.timeout_s}s",
-        "retries": h.retries,
-        "start_period": f"{h.start_period_s}s",
-    }
+    service["healthcheck"] = (
+        {"disable": True}
+        if h is None
+        else {
+            "test": ["CMD-SHELL", h.command],
+            "interval": f"{h.interval_s}s",
+            "timeout": f"{h.timeout_s}s",
+            "retries": h.retries,
+            "start_period": f"{h.start_period_s}s",
+        }
+    )
     service["restart"] = run.restart_policy
     service = _compose_escape(service)
     for k in run.hand_run_env:  # the one deliberate interpolation: the token comes from the caller's shell

@@ -7,7 +7,7 @@ Runtimes never read a Recipe; the planner never talks to Docker or spawns a proc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sparkctl.models.source import ModelSource
 
@@ -66,7 +66,7 @@ class MemoryPlan:
 class Plan:
     recipe_name: str
     recipe_hash: str  # sha256 of the resolved recipe; carried as a container label / in state files
-    runtime: Literal["docker", "native"]
+    runtime: Literal["docker", "native", "cluster"]
     engine: Literal["vllm", "llama.cpp", "freetoken"]
     argv: tuple[str, ...]  # the full engine command line, model argument included
     env: dict[str, str]
@@ -90,6 +90,10 @@ class Plan:
     # component -> version the container image must carry (sparkctl/pins.py + the recipe's engine.pins);
     # doctor compares them with the image's io.sparkctl.pin.* labels. Empty for native runtimes.
     image_pins: dict[str, str] = field(default_factory=dict)
+    # Serving across Sparks: the preflight's report and each node's launch (sparkctl.cluster.plan.ClusterPlan,
+    # made from the node probes by `up`'s plan stage); runtime is then "cluster". Typed loosely: the planner
+    # sits below the cluster package that defines it.
+    cluster: Any = None
 
     @property
     def base_url(self) -> str:

@@ -263,7 +263,8 @@ def validate_data(data: dict[str, Any], positions: dict[Path_, Origin], source: 
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        located = [_format_error(err, positions, source) for err in _merge_union_errors(exc.errors(), data)]
+        errors = [{**e, "loc": _engine_loc(tuple(e.get("loc", ())), data)} for e in exc.errors()]
+        located = [_format_error(err, positions, source) for err in _merge_union_errors(errors, data)]
         located.sort(key=lambda item: item[0])
         lines = [one_line(text) for _, text in located]
         first, rest = lines[0], lines[1:]
@@ -277,6 +278,22 @@ def one_line(text: str) -> str:
     return "".join(
         ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode() for ch in text
     )
+
+
+def _engine_loc(loc: Path_, data: Any) -> Path_:
+    """Where an error in the engine block is in the file: past the tag pydantic adds for the engine union
+    (`engine.llama.cpp.serve...`), and at `serve.llama_cpp...` when the recipe wrote its section that way."""
+    from sparkctl.recipe.schema import LEGACY_SERVE_SECTIONS
+
+    if len(loc) >= 2 and loc[0] == "engine" and loc[1] in {*LEGACY_SERVE_SECTIONS.values(), "vllm"}:
+        loc = ("engine", *loc[2:])
+    engine = data.get("engine") if isinstance(data, dict) else None
+    serve = data.get("serve") if isinstance(data, dict) else None
+    if loc[:2] == ("engine", "serve") and not (isinstance(engine, dict) and "serve" in engine):
+        for key in LEGACY_SERVE_SECTIONS:
+            if isinstance(serve, dict) and key in serve:
+                return ("serve", key, *loc[2:])
+    return loc
 
 
 def _data_loc(loc: Path_, data: Any, kind: str) -> tuple[Path_, Path_]:

@@ -258,8 +258,9 @@ class ModelSpec(Strict):
         return self
 
 
-class EngineSpec(Strict):
-    """Which inference engine serves the model, and the versions it was validated with."""
+class EngineBase(Strict):
+    """Which inference engine serves the model, and the versions it was validated with. One subclass per
+    engine (below), told apart by `name`; each engine's own options are its `serve` (`EngineSpec`)."""
 
     name: Annotated[
         Literal["vllm", "llama.cpp", "freetoken"],
@@ -302,7 +303,7 @@ class EngineSpec(Strict):
     ]
 
     @model_validator(mode="after")
-    def _pins_agree(self) -> EngineSpec:
+    def _pins_agree(self) -> EngineBase:
         from sparkctl.pins import conflicts, pins_for
 
         release = pins_for(self.name, self.version)
@@ -525,6 +526,46 @@ class FreeTokenOptions(Strict):
         return self
 
 
+class VllmEngine(EngineBase):
+    """vLLM: its flags are the serve block's; it has no section of its own."""
+
+    name: Annotated[Literal["vllm"], Field(default="vllm", description="vllm (the default).")]
+
+
+class LlamaCppEngine(EngineBase):
+    """llama.cpp's llama-server, with its own options in `engine.serve` (or, as before, `serve.llama_cpp`)."""
+
+    name: Annotated[Literal["llama.cpp"], Field(description="llama.cpp (llama-server).")]
+    serve: Annotated[
+        LlamaCppOptions,
+        Field(
+            default_factory=LlamaCppOptions,
+            description="llama-server options; `serve.llama_cpp` is read here too (the form recipes used so far).",
+        ),
+    ]
+
+
+class FreeTokenEngine(EngineBase):
+    """FreeToken (`ft serve`): MoE experts offloaded to host RAM; NVIDIA GPUs only."""
+
+    name: Annotated[Literal["freetoken"], Field(description="freetoken (FreeToken's `ft serve`).")]
+    serve: Annotated[
+        FreeTokenOptions,
+        Field(
+            default_factory=FreeTokenOptions,
+            description="FreeToken options; `serve.freetoken` is read here too (the form recipes used so far).",
+        ),
+    ]
+
+
+# The engine block: one model per engine, picked by `name` (a discriminated union), so an engine's own
+# options exist only on a recipe of that engine. Adding an engine: an adapter (sparkctl/planner/adapters)
+# and a class here.
+EngineSpec = VllmEngine | LlamaCppEngine | FreeTokenEngine
+# the engine-specific serve sections recipes wrote under `serve:` before, and whose they are
+LEGACY_SERVE_SECTIONS = {"llama_cpp": "llama.cpp", "freetoken": "freetoken"}
+
+
 class ServeSpec(Strict):
     """The server's flags. Names follow vLLM 0.33; llama.cpp recipes map the common ones."""
 
@@ -646,14 +687,6 @@ class ServeSpec(Strict):
             default_factory=list,
             description="Further engine flags, appended verbatim after the planned ones.",
         ),
-    ]
-    llama_cpp: Annotated[
-        LlamaCppOptions,
-        Field(default_factory=LlamaCppOptions, description="llama-server options (llama.cpp recipes only)."),
-    ]
-    freetoken: Annotated[
-        FreeTokenOptions,
-        Field(default_factory=FreeTokenOptions, description="FreeToken options (freetoken recipes only)."),
     ]
 
     @field_validator("host")
@@ -994,6 +1027,30 @@ class BenchSpec(Strict):
 class Recipe(Strict):
     """One servable model: what to fetch, how to serve it, and what it needs from the machine."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_sections(cls, data: Any) -> Any:
+        """`engine.name` defaults to vllm; `serve.llama_cpp` / `serve.freetoken` (the form recipes were
+        written in) become the engine's own `engine.serve` when it is that engine's, and are dropped when
+        not (a recipe that extends one of another engine inherits them, meaning nothing)."""
+        if not isinstance(data, dict):
+            return data
+        engine = data.get("engine")
+        engine = dict(engine) if isinstance(engine, dict) else ({} if engine is None else engine)
+        if not isinstance(engine, dict):
+            return data
+        engine.setdefault("name", "vllm")
+        serve = data.get("serve")
+        if isinstance(serve, dict):
+            serve = dict(serve)
+            for key, owner in LEGACY_SERVE_SECTIONS.items():
+                old = serve.pop(key, None)
+                if engine.get("name") == owner and isinstance(old, dict):
+                    own = engine.get("serve")
+                    engine["serve"] = {**old, **own} if isinstance(own, dict) else old
+            data = {**data, "serve": serve}
+        return {**data, "engine": engine}
+
     schema_version: Annotated[
         Literal[1], Field(alias="schema", description="Recipe schema version; this is version 1.")
     ]
@@ -1015,7 +1072,10 @@ class Recipe(Strict):
         ),
     ]
     model: Annotated[ModelSpec, Field(description="The weights.")]
-    engine: Annotated[EngineSpec, Field(default_factory=EngineSpec, description="The inference engine.")]
+    engine: Annotated[
+        EngineSpec,
+        Field(default_factory=VllmEngine, discriminator="name", description="The inference engine."),
+    ]
     serve: Annotated[ServeSpec, Field(description="Server flags.")]
     env: Annotated[
         dict[str, Scalar],

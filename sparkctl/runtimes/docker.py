@@ -15,8 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +33,8 @@ from sparkctl.planner.container import (  # re-exported: the labels and the name
     container_name_for,  # noqa: F401
     container_run,
 )
+from sparkctl.planner.facts import link_target_mounts  # re-exported: tests use it here
+from sparkctl.runtimes import base
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.identity import LABEL_STATE, state_tag
@@ -182,7 +183,9 @@ def create_kwargs(run: ContainerRun) -> dict[str, Any]:
         # No auto-remove: the log of a container that died during start-up is what explains it.
         "auto_remove": False,
         "init": run.init,
-        "healthcheck": {
+        "healthcheck": {"test": ["NONE"]}
+        if h is None
+        else {
             "test": ["CMD-SHELL", h.command],
             "interval": h.interval_s * _NS,
             "timeout": h.timeout_s * _NS,
@@ -212,8 +215,9 @@ def create_kwargs(run: ContainerRun) -> dict[str, Any]:
 
 
 def prepare_mounts(run: ContainerRun) -> list[tuple[str, str]]:
-    """Make the host side of `run`'s mounts ready; return the extra read-only (host dir, container dir)
-    mounts its symlinks need (link_target_mounts). A missing read-only source is a RuntimeFailure."""
+    """Make the host side of `run`'s mounts ready. The plan carries the link-target mounts its symlinks
+    need already (planner.facts, so `render` and `--dry-run` show them); a link a mount made since then
+    would dangle is added here too. A missing read-only source is a RuntimeFailure."""
     for m in run.mounts:
         source = Path(m.source)
         if not source.exists():
@@ -255,6 +259,7 @@ class DockerRuntime:
     """Runtime protocol implementation for `runtime: docker` recipes (see sparkctl.runtimes.base)."""
 
     name = "docker"
+    capabilities = frozenset({base.PERSIST, base.API_KEY, base.LOCAL_MODEL, base.WATCHDOG})
 
     def __init__(self, *, image: str | None = None, timeout_s: float = 10.0) -> None:
         # `image`, when known up front, lets `check()` also report a missing image (doctor, `up`).
@@ -277,10 +282,24 @@ class DockerRuntime:
         if self.image:
             ensure_image(self.image, self._client)
 
+    def ensure_ready(self, plan: Plan) -> Plan:
+        """The image must be here before a model download (a missing image costs seconds, not a fetch)."""
+        ensure_plan_image(plan)
+        return plan
+
+    def parts(self, state: ServerState) -> list[dict[str, Any]]:
+        return []
+
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        """`up --persist`: the container's restart policy (in the plan already) is all it takes."""
+        return None
+
     # -- start --------------------------------------------------------------------------------------
 
     @_daemon_errors
-    def start(self, plan: Plan, log_path: Path) -> ServerState:
+    def start(self, plan: Plan, log_path: Path, progress: Callable[[str], None] | None = None) -> ServerState:
         """Create and start the container; return at once (the caller gates on health).
 
         On any failure after the container exists it is removed again, so a failed start leaves
@@ -513,65 +532,6 @@ class DockerRuntime:
             yield from _split_lines(chunks)
         except (requests.exceptions.ConnectionError, urllib3.exceptions.ProtocolError) as exc:
             raise _daemon_failure(docker_host(), exc) from None
-
-
-def link_target_mounts(binds: list[tuple[Path, str]], max_depth: int = 3) -> list[tuple[str, str]]:
-    """Extra read-only (host dir, container dir) mounts that make symlinks in mounted dirs resolve.
-
-    A Hugging Face snapshot directory holds relative links (`model.safetensors -> ../../blobs/<sha>`).
-    Bind-mounted on its own, at /models/<name>, every link would dangle inside the container and the
-    engine would fail to open its weights; mounting the blob directory where the links point fixes
-    that without copying or re-linking anything. Links that already resolve to the same file through
-    another mount (the whole HF cache mounted at its own path) need nothing.
-    """
-    extra: dict[str, Path] = {}
-
-    def host_path_of(cpath: str) -> Path | None:
-        table = [(t, src) for src, t in binds] + [(t, src) for t, src in extra.items()]
-        best = None
-        for target, src in table:
-            t = target.rstrip("/") or "/"
-            if (cpath == t or cpath.startswith(t.rstrip("/") + "/")) and (
-                best is None or len(t) > len(best[0])
-            ):
-                best = (t, src)
-        if best is None:
-            return None
-        rest = cpath[len(best[0]) :].lstrip("/")
-        return Path(best[1]) / rest if rest else Path(best[1])
-
-    for source, target in binds:
-        if not source.is_dir():
-            continue
-        base_depth = len(source.parts)
-        for dirpath, dirnames, filenames in os.walk(source):
-            here = Path(dirpath)
-            if len(here.parts) - base_depth >= max_depth:
-                dirnames[:] = []
-            for entry_name in filenames + dirnames:
-                entry = here / entry_name
-                if not entry.is_symlink():
-                    continue
-                real = entry.resolve()
-                if not real.exists():
-                    continue  # dangling on the host as well: not something a mount can fix
-                rel_parent = here.relative_to(source).as_posix()
-                cpath = posixpath.normpath(posixpath.join(target, rel_parent, os.readlink(entry)))
-                seen = host_path_of(cpath)
-                if seen is not None and seen.exists() and seen.resolve() == real:
-                    continue
-                cdir = posixpath.dirname(cpath)
-                if (
-                    posixpath.basename(cpath) != real.name
-                    or extra.get(cdir, real.parent) != real.parent
-                    or cdir == "/"
-                ):
-                    raise RuntimeFailure(
-                        f"{entry} is a symlink that would not resolve inside the container ({cpath})",
-                        hint="mount the directory it points into as well (container.mounts), or copy the files",
-                    )
-                extra[cdir] = real.parent
-    return [(str(host), cdir) for cdir, host in extra.items()]
 
 
 def _split_lines(chunks: Iterator[bytes]) -> Iterator[str]:

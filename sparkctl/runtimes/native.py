@@ -22,11 +22,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from sparkctl.errors import RuntimeFailure, write_failure
+from sparkctl.planner.adapters import adapter_for
 from sparkctl.planner.types import Plan
+from sparkctl.runtimes import base
 from sparkctl.runtimes.base import ServerState
 from sparkctl.runtimes.common import started_state
 from sparkctl.runtimes.identity import MARKER_ENV, is_ours, new_marker, protected_pids
@@ -43,21 +46,15 @@ def require_executable(plan: Plan) -> None:
     if plan.argv and shutil.which(plan.argv[0]) is None:
         raise RuntimeFailure(
             f"cannot start {plan.recipe_name}: executable {plan.argv[0]!r} not found",
-            hint=_INSTALL_HINTS.get(plan.engine, _INSTALL_HINTS["vllm"]) + " or set engine.entrypoint",
+            hint=adapter_for(plan.engine).install_hint + " or set engine.entrypoint",
         )
-
-
-_INSTALL_HINTS = {
-    "vllm": "install the engine (for vLLM on the CPU: make install-vllm)",
-    "llama.cpp": "build the pinned llama-server: make llama-server",
-    "freetoken": "install FreeToken into its venv: make freetoken",
-}
 
 
 class NativeRuntime:
     """Runtime protocol implementation for a host process (see sparkctl.runtimes.base.Runtime)."""
 
     name = "native"
+    capabilities = frozenset({base.PERSIST, base.API_KEY, base.LOCAL_MODEL, base.WATCHDOG})
 
     def __init__(self) -> None:
         # Children started by this process: kept so they can be reaped (no zombies while `up` waits)
@@ -65,6 +62,26 @@ class NativeRuntime:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- protocol ------------------------------------------------------------------------------------
+
+    def ensure_ready(self, plan: Plan) -> Plan:
+        """The engine's executable must be installed: said before a download of many GB, not after."""
+        require_executable(plan)
+        return plan
+
+    def parts(self, state: ServerState) -> list[dict[str, Any]]:
+        return []
+
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        """`up --persist`: a systemd user unit, (path, text); rendered (strict: refusing what a unit cannot
+        hold) before anything starts, installed once healthy."""
+        from sparkctl.runtimes import systemd
+
+        if install:
+            unit = systemd.install(plan, log_path)
+            return str(unit), unit.read_text()
+        return str(systemd.unit_path(plan.recipe_name)), systemd.render_unit(plan, log_path, strict=strict)
 
     def check(self) -> None:
         """The native runtime needs POSIX process groups; everything else is checked at start."""
@@ -74,7 +91,7 @@ class NativeRuntime:
                 hint="use the docker runtime: --runtime docker",
             )
 
-    def start(self, plan: Plan, log_path: Path) -> ServerState:
+    def start(self, plan: Plan, log_path: Path, progress: Callable[[str], None] | None = None) -> ServerState:
         """Spawn `plan.argv` with `plan.env` in a new session; stdout and stderr go to `log_path`."""
         if not plan.argv:
             raise RuntimeFailure(f"recipe {plan.recipe_name}: the plan has an empty command line")

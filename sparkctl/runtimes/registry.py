@@ -10,7 +10,7 @@ from __future__ import annotations
 from sparkctl.errors import UserError
 from sparkctl.runtimes.base import Runtime
 
-RUNTIMES: tuple[str, ...] = ("native", "docker")
+RUNTIMES: tuple[str, ...] = ("native", "docker", "cluster")
 
 
 def get_runtime(name: str) -> Runtime:
@@ -23,4 +23,8 @@ def get_runtime(name: str) -> Runtime:
         from sparkctl.runtimes.docker import DockerRuntime
 
         return DockerRuntime()
+    if name == "cluster":
+        from sparkctl.runtimes.cluster import ClusterRuntime
+
+        return ClusterRuntime()
     raise UserError(f"unknown runtime {name!r}", hint=f"valid: {', '.join(RUNTIMES)}")

@@ -19,7 +19,6 @@ from sparkctl.errors import UserError, write_failure
 
 # Characters that mean the same in an env file read by docker, compose and a shell: nothing to quote.
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
-ENGINE_ENV = {"vllm": "VLLM_API_KEY", "llama.cpp": "LLAMA_API_KEY"}
 GENERATE = "generate"  # `--api-key generate`: a new random key, stored, printed once
 
 
@@ -60,7 +59,9 @@ def read_key_file(path: str | Path, source: str = "serve.api_key_file") -> str:
 def store(recipe: str, engine: str, key: str) -> Path:
     """Write the env file that hands `key` to the engine; 0600 in a 0700 directory, atomically."""
     path = paths.api_key_file(recipe)
-    var = ENGINE_ENV.get(engine, "VLLM_API_KEY")
+    from sparkctl.planner.adapters import adapter_for
+
+    var = adapter_for(engine).api_key_env
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(path.parent, 0o700)
@@ -89,7 +90,10 @@ def env_of(env_file: str | Path | None) -> dict[str, str]:
 def key_of(env_file: str | Path | None) -> str | None:
     """The key an env file holds, for sparkctl's own requests to the server."""
     env = env_of(env_file)
-    return next((v for k, v in env.items() if k in ENGINE_ENV.values()), None)
+    from sparkctl.planner.adapters import ADAPTERS
+
+    names = {a.api_key_env for a in ADAPTERS.values()}
+    return next((v for k, v in env.items() if k in names), None)
 
 
 def headers(key: str | None) -> dict[str, str]:

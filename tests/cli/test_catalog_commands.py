@@ -333,8 +333,12 @@ def test_show_leaves_out_blocks_that_do_not_apply() -> None:
     two = ok("show", "glm-5.3-flash-4bpw-2x", "--set", "cluster.head_address=10.0.0.1").stdout
     assert "cluster:" in two and "container:" in two
     gguf = ok("show", "qwen3.8-27b-gguf").stdout
-    assert "llama_cpp:" in gguf
-    assert "llama_cpp" in json.loads(ok("show", "tiny", "--json").stdout)["recipe"]["serve"]
+    assert "n_gpu_layers: 99" in gguf  # llama-server's own section, as engine.serve
+    # an engine's own section exists only on a recipe of that engine (the schema's engine union)
+    tiny = json.loads(ok("show", "tiny", "--json").stdout)["recipe"]
+    assert "serve" not in tiny["engine"] and "llama_cpp" not in tiny["serve"]
+    qwen = json.loads(ok("show", "qwen3.8-27b-gguf", "--json").stdout)["recipe"]
+    assert qwen["engine"]["serve"]["n_gpu_layers"] == 99
 
 
 def test_show_prints_the_command_exactly_as_render_does() -> None:

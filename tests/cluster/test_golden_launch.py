@@ -52,6 +52,13 @@ def test_per_node_commands_match_golden(name: str, executor: str) -> None:
     assert launch.env["spark-b"]["VLLM_HOST_IP"] == "192.168.100.11"
     assert launch.env["spark-a"]["NCCL_IB_HCA"] == "roceP2p1s0f1,rocep1s0f1"
     assert {e["MASTER_ADDR"] for e in launch.env.values()} == {"192.168.100.10"}
+    # every node's container is the one container description `up` and `render` start (container_run)
+    runs = [s.argv for s in launch.steps if s.argv[:2] == ("docker", "run")]
+    assert len(runs) == 2
+    for argv in runs:
+        assert "--init" in argv and "SPARKCTL_PORT=8000" in argv and "--shm-size" not in argv
+    head_run, worker_run = runs
+    assert "--health-cmd" in head_run and "--no-healthcheck" in worker_run
     worker_cmds = [s.argv for s in launch.steps if s.node == "spark-b"]
     if executor == "ray":
         (ray_worker,) = worker_cmds
@@ -67,3 +74,25 @@ def test_per_node_commands_match_golden(name: str, executor: str) -> None:
 def test_no_stale_golden_files() -> None:
     expected = {f"{n}.{e}.nodes.sh" for n in TWO_NODE for e in ("ray", "mp")}
     assert sorted(f.name for f in GOLDEN.iterdir() if f.name not in expected) == []
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_the_api_key_reaches_the_head_server_only(executor: str, tmp_path: Path) -> None:
+    """With a key, the head's server gets its 0600 env file (docker: --env-file on the head's container,
+    which `docker exec` inherits; native: sourced before the server starts); no worker names a file that
+    exists only on the head, and the key itself is in no command."""
+    import dataclasses
+
+    recipe = load_recipe("glm-5.3-flash-4bpw-2x", [f"cluster.executor={executor}"])
+    key_file = str(tmp_path / "key.env")
+    p = dataclasses.replace(plan(recipe, check_memory=False), api_key_file=key_file)
+    docker = plan_launch(p, recipe.cluster, [HEAD, WORKER])
+    runs = {s.node: s.argv for s in docker.steps if s.argv[:2] == ("docker", "run")}
+    assert runs["spark-a"][runs["spark-a"].index("--env-file") + 1] == key_file
+    assert "--env-file" not in runs["spark-b"]
+    native = dataclasses.replace(p, container=None, runtime="native")
+    launch = plan_launch(native, recipe.cluster, [HEAD, WORKER])
+    server = [s for s in launch.steps if s.what.startswith("the server")]
+    assert [s.env_files for s in server] == [(key_file,)]
+    assert all(s.env_files == () for s in launch.steps if s.node == "spark-b")
+    assert f". {key_file}; set +a" in render_launch(launch)

@@ -19,8 +19,10 @@ import pytest
 from ctrl_c import sigint_default
 from sshd import Sshd, sshd_missing, start_sshd
 
-from sparkctl.cluster import run as cluster_run
 from sparkctl.cluster.nodes import Node, parse_node
+from sparkctl.runtimes import cluster as cluster_run
+from sparkctl.runtimes import state as state_files
+from sparkctl.runtimes.base import ServerState
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESS = "127.0.0.2"
@@ -43,6 +45,22 @@ def _followers(log: Path) -> list[psutil.Process]:
     return out
 
 
+def _state(nodes: list[dict], parts: list[cluster_run.Started]) -> ServerState:
+    """A cluster server's state as `up --nodes` records it: the nodes and each part started there."""
+    return ServerState(
+        recipe="tiny-2x",
+        runtime="cluster",
+        recipe_hash="0" * 64,
+        base_url="http://127.0.0.1:1",
+        port=1,
+        served_model_name="tiny",
+        started_at=time.time(),
+        extra={"executor": "mp", "node_runtime": "native"},
+        nodes=nodes,
+        parts=[asdict(p) for p in parts],
+    )
+
+
 def test_follow_spans_both_nodes(sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARKCTL_SSH_OPTS", sshd.opts())
     w = parse_node(f"root@{ADDRESS}:{sshd.port}")
@@ -50,13 +68,9 @@ def test_follow_spans_both_nodes(sshd: Sshd, tmp_path: Path, monkeypatch: pytest
     logs = {head.address: tmp_path / "head.log", w.address: tmp_path / "worker.log"}
     for log in logs.values():
         log.write_text("old line\n")
-    state = cluster_run.ClusterState(
-        recipe="tiny-2x",
-        base_url="http://127.0.0.1:1",
-        executor="mp",
-        runtime="native",
-        nodes=[asdict(head), asdict(w)],
-        started=[
+    state = _state(
+        [asdict(head), asdict(w)],
+        [
             cluster_run.Started(
                 head.address, "process", str(os.getpid()), "server", log=str(logs[head.address])
             ),
@@ -65,7 +79,7 @@ def test_follow_spans_both_nodes(sshd: Sshd, tmp_path: Path, monkeypatch: pytest
             ),
         ],
     )
-    cluster_run.save(state)
+    state_files.save(state)
     got: list[str] = []
     done = threading.Event()
 
@@ -85,7 +99,7 @@ def test_follow_spans_both_nodes(sshd: Sshd, tmp_path: Path, monkeypatch: pytest
     while len(got) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f"[{w.address}] new from {w.address}" in got and f"[{head.address}] new from {head.address}" in got
-    cluster_run.state_path("tiny-2x").unlink()  # what `down` does last
+    state_files.state_path("tiny-2x").unlink()  # what `down` does last
     assert done.wait(10)
     time.sleep(0.5)
     assert _followers(logs[w.address]) == [] and _followers(logs[head.address]) == []
@@ -97,15 +111,11 @@ def test_cli_follow_ends_with_down(sshd: Sshd, tmp_path: Path) -> None:
     w = parse_node(f"root@{ADDRESS}:{sshd.port}")
     log = tmp_path / "w.log"
     log.write_text("hello from the worker\n")
-    state = cluster_run.ClusterState(
-        recipe="tiny-2x",
-        base_url="http://127.0.0.1:1",
-        executor="mp",
-        runtime="native",
-        nodes=[asdict(Node("localhost", "localhost")), asdict(w)],
-        started=[cluster_run.Started(w.address, "process", str(os.getpid()), "headless rank", log=str(log))],
+    state = _state(
+        [asdict(Node("localhost", "localhost")), asdict(w)],
+        [cluster_run.Started(w.address, "process", str(os.getpid()), "headless rank", log=str(log))],
     )
-    cluster_run.save(state)
+    state_files.save(state)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparkctl", "logs", "tiny-2x", "-f"],
         env=env,
@@ -114,10 +124,10 @@ def test_cli_follow_ends_with_down(sshd: Sshd, tmp_path: Path) -> None:
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == f"[{w.address}] hello from the worker"
-    cluster_run.state_path("tiny-2x").unlink()
+    state_files.state_path("tiny-2x").unlink()
     assert proc.wait(timeout=15) == 0
     assert _followers(log) == []
-    cluster_run.save(state)
+    state_files.save(state)
     interrupted = subprocess.Popen(  # Ctrl-C (SIGINT to the whole group) ends the follow and its followers
         [sys.executable, "-m", "sparkctl", "logs", "tiny-2x", "-f"],
         env=env,

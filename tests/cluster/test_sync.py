@@ -23,8 +23,8 @@ from sshd import Sshd, sshd_missing, start_sshd
 
 from sparkctl.cluster.nodes import Node, NodeAuthRefused, NodeUnreachable, parse_node
 from sparkctl.cluster.probe import ModelProbe
-from sparkctl.cluster.sync import image_ids, sync_image, sync_model
 from sparkctl.errors import RuntimeFailure
+from sparkctl.sync import image_ids, sync_image, sync_model
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESS = "127.0.0.2"

@@ -27,6 +27,7 @@ from netns import WORKER_IP, Namespaces, namespaces
 from sshd import sshd_missing, start_sshd
 
 REPO = Path(__file__).resolve().parents[2]
+KEY = "sk-two-sparks-test-key-0123456789"
 
 
 def _missing() -> str | None:
@@ -110,7 +111,9 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
 @pytest.fixture(scope="module")
 def served(two_nodes: TwoNodes) -> Iterator[dict]:
     t0 = time.monotonic()
-    up = two_nodes.sparkctl("up", str(two_nodes.recipe), "--nodes", f"localhost,{two_nodes.worker}", "--json")
+    up = two_nodes.sparkctl(
+        "up", str(two_nodes.recipe), "--nodes", f"localhost,{two_nodes.worker}", "--api-key", KEY, "--json"
+    )
     wall = time.monotonic() - t0
     assert up.returncode == 0, up.stderr[-3000:]
     result = json.loads(up.stdout)
@@ -127,6 +130,22 @@ def test_up_serves_across_both_nodes(two_nodes: TwoNodes, served: dict) -> None:
     assert launch["env"][two_nodes.worker]["GLOO_SOCKET_IFNAME"] == two_nodes.ns.worker_if
     assert launch["env"][two_nodes.worker]["VLLM_HOST_IP"] == WORKER_IP
     print(f"\nup tiny-2x (PP 2 over two namespaces): healthy after {served['seconds_to_healthy']:.1f}s")
+
+
+def test_served_across_nodes_with_the_api_key(two_nodes: TwoNodes, served: dict) -> None:
+    """`up --nodes ... --api-key` serves with the key: the head's server refuses a request without it and
+    answers one with it (up's own health gate and smoke test went through with it already)."""
+    url = f"{served['base_url']}/v1/models"
+    get = ["ip", "netns", "exec", two_nodes.ns.head_ns, sys.executable, "-c"]
+    probe = "import httpx, sys; print(httpx.get(sys.argv[1], headers=dict(a.split(':', 1) for a in sys.argv[2:])).status_code)"
+    without = subprocess.run([*get, probe, url], capture_output=True, text=True, timeout=60)
+    with_key = subprocess.run(
+        [*get, probe, url, f"Authorization:Bearer {KEY}"], capture_output=True, text=True, timeout=60
+    )
+    assert without.stdout.strip() == "401", without.stderr
+    assert with_key.stdout.strip() == "200", with_key.stderr
+    assert served["api_key_file"] and served["smoke_tokens"] >= 1
+    assert KEY not in json.dumps(served["cluster"])  # the key goes by its 0600 file, never on a command line
 
 
 def test_chat_and_status_show_both_nodes(two_nodes: TwoNodes, served: dict) -> None:

@@ -23,12 +23,13 @@ RAY = Path(sys.executable).with_name("ray")
 
 DRIVER = """
 import dataclasses, json, sys, time
-from sparkctl.cluster import run as cluster_run
 from sparkctl.cluster.launch import plan_launch
-from sparkctl.cluster.plan import cluster_nodes
+from sparkctl.cluster.plan import ClusterPlan, cluster_nodes
 from sparkctl.cluster.preflight import check_cluster, request_for
 from sparkctl.planner import plan
 from sparkctl.recipe import load_recipe
+from sparkctl.runtimes import cluster as cluster_run, state as state_files
+from sparkctl.runtimes.registry import get_runtime
 
 recipe = load_recipe("tiny", ["cluster.nodes=2", "cluster.pipeline_parallel=2", "cluster.executor=mp"])
 ray_cluster = recipe.cluster.model_copy(update={"executor": "ray", "ray_port": 6390})
@@ -42,14 +43,17 @@ if fails:
 launch = plan_launch(p, ray_cluster, [report.networks[n.address] for n in nodes])
 ray_only = dataclasses.replace(launch, steps=launch.steps[:3])  # head, worker, wait until Ray lists both
 t0 = time.monotonic()
-state = cluster_run.start(ray_only, nodes, p.base_url, "tiny", lambda line: None)
+runtime = get_runtime("cluster")
+served = dataclasses.replace(p, runtime="cluster", cluster=ClusterPlan(report, ray_only))
+state = runtime.start(served, state_files.log_path(recipe.name))
 out = {"seconds": time.monotonic() - t0, "argv0": list(ray_only.steps[0].argv[:3]),
        "addresses": [n.address for n in report.networks.values()],
-       "started": [s.node for s in state.started], "rows": cluster_run.status_rows(state),
+       "started": [s["node"] for s in state.parts], "rows": runtime.parts(state),
        "ray": sorted(f.detail for f in report.findings if f.check == "ray")}
 if sys.argv[2] == "stop":
-    cluster_run.stop(state)
-    out["state_left"] = cluster_run.state_path(recipe.name).exists()
+    runtime.stop(state)
+    state_files.remove(recipe.name)
+    out["state_left"] = state_files.state_path(recipe.name).exists()
 print(json.dumps(out))
 """
 

@@ -73,7 +73,7 @@ def test_freetoken_parses_the_rendered_command(parsed: tuple[list[dict], str], i
     assert Path(argv[0]).name == "ft" and argv[1] == "serve"
     ns = parsed[0][i]
     assert "exit" not in ns, parsed[1][-3000:]
-    s, ft = recipe.serve, recipe.serve.freetoken
+    s, ft = recipe.serve, recipe.engine.serve
     assert ns["model_path"] == recipe.model.repo
     assert ns["served_model_name"] == (s.served_model_name or recipe.name)
     assert ns["server_host"] == s.host and ns["server_port"] == s.port

@@ -82,8 +82,10 @@ def parse_docker_run(words: list[str]) -> tuple[dict[str, Any], list[str], list[
     i = 2
     while words[i].startswith("-"):
         flag = words[i]
-        if flag in ("--rm", "-d", "--init"):
+        if flag in ("--rm", "-d", "--init", "--no-healthcheck"):
             out["init"] = out["init"] or flag == "--init"
+            if flag == "--no-healthcheck":
+                health["off"] = "1"
             i += 1
             continue
         value = words[i + 1]
@@ -136,11 +138,15 @@ def parse_docker_run(words: list[str]) -> tuple[dict[str, Any], list[str], list[
     out["image"] = words[i]
     out["command"] = words[i + 1 :]
     out["health"] = (
-        ["CMD-SHELL", health["--health-cmd"]],
-        _seconds(health["--health-interval"]),
-        _seconds(health["--health-timeout"]),
-        int(health["--health-retries"]),
-        _seconds(health["--health-start-period"]),
+        None
+        if "off" in health
+        else (
+            ["CMD-SHELL", health["--health-cmd"]],
+            _seconds(health["--health-interval"]),
+            _seconds(health["--health-timeout"]),
+            int(health["--health-retries"]),
+            _seconds(health["--health-start-period"]),
+        )
     )
     return out, env_files, passed
 
@@ -239,3 +245,34 @@ def test_every_optional_field_reaches_all_three(tmp_path: Path) -> None:
     check_same_container(p)
     run = container_run(p)
     assert run.publish == ((p.host, 8123),) and run.shm_size == "8g" and run.hand_run_env == ("HF_TOKEN",)
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_every_cluster_node_runs_the_same_container(executor: str) -> None:
+    """Serving across Sparks, each node's `docker run` is the same container description as the single
+    node's (`container_run`): only what is per node by design differs (its name and role, its command,
+    its own network variables; the API key file and the healthcheck stay with the head's server)."""
+    from sparkctl.cluster.launch import LABEL_ROLE, plan_launch
+    from sparkctl.cluster.netenv import PER_NODE_VARS, NodeNetwork
+
+    recipe = load_recipe("glm-5.3-flash-4bpw-2x", [f"cluster.executor={executor}"])
+    p = make_plan(recipe, check_memory=False)
+    single, _, _ = from_shell(render(p, "shell"))
+    nodes = [
+        NodeNetwork("a", "enp1s0f1np1", "192.168.100.10", 9000, ("roceP2p1s0f1",), 3),
+        NodeNetwork("b", "enp1s0f0np0", "192.168.100.11", 9000, ("roceP2p1s0f0",), 5),
+    ]
+    launch = plan_launch(p, recipe.cluster, nodes)
+    runs = [s for s in launch.steps if s.argv[:2] == ("docker", "run")]
+    assert [s.node for s in runs] == ["a", "b"]
+    per_node = ("name", "command", "entrypoint", "env", "labels", "health")
+    for step in runs:
+        node, _, _ = parse_docker_run(list(step.argv))
+        assert {k: v for k, v in node.items() if k not in per_node} == {
+            k: v for k, v in single.items() if k not in per_node
+        }, step.node
+        shared = {k: v for k, v in node["env"].items() if k not in PER_NODE_VARS}
+        common = {k: v for k, v in single["env"].items() if k not in PER_NODE_VARS}
+        assert {k: shared.get(k) for k in common} == common  # the plan's env, SPARKCTL_PORT too
+        assert node["labels"] == {**single["labels"], LABEL_ROLE: step.role}
+        assert node["health"] == (single["health"] if step.role == "head" else None)

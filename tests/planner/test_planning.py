@@ -11,7 +11,7 @@ import pytest
 
 from sparkctl.errors import UserError
 from sparkctl.planner import plan
-from sparkctl.planner.engines import capture_sizes
+from sparkctl.planner.adapters.vllm import capture_sizes
 from sparkctl.planner.memory import SPARK_POOL_BYTES, GiB, host_memory_bytes, kv_bytes_per_token
 from sparkctl.recipe import builtin_names, load_recipe
 

@@ -30,6 +30,8 @@ def test_typed_overrides_reach_the_plan() -> None:
         plans.load_and_plan("tiny", Overrides(runtime="docker"))
 
 
-def test_local_model_dir_never_downloads() -> None:
+def test_prewarm_stages_never_download() -> None:
+    from sparkctl.up import locate_model
+
     with pytest.raises(UserError, match="not on this machine yet"):
-        plans.local_model_dir("tiny")  # a fresh cache: the generated model is not made by asking
+        locate_model("tiny")  # a fresh cache: the generated model is not made by asking

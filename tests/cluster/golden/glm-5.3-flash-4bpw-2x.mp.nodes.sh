@@ -26,10 +26,10 @@
 docker run \
   -d \
   --name sparkctl-glm-5.3-flash-4bpw-2x \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   --device /dev/infiniband \
@@ -57,9 +57,18 @@ docker run \
   -e VLLM_HOST_IP=192.168.100.10 \
   -e RAY_NODE_IP_ADDRESS=192.168.100.10 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.10 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=a8f7a402f37481369a258caa3de37e7673c83441281bbb1e8e331c82fab7e1e0 \
+  --label io.sparkctl.recipe-hash=560d4371336ddee43dcd517c607c91c076c87b8b80debc2e302abf6671f26427 \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
   --label io.sparkctl.cluster-role=head \
+  --health-cmd 'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" http://127.0.0.1:8000/health' \
+  --health-interval 30s \
+  --health-timeout 10s \
+  --health-retries 3 \
+  --health-start-period 2400s \
   --entrypoint vllm sparkctl/vllm-exl3:0.33.0-sm121 serve /models/glm-5.3-flash-4bpw-2x \
   --served-model-name glm-5.3-flash-4bpw-2x \
   --host 127.0.0.1 \
@@ -89,10 +98,10 @@ docker run \
 docker run \
   -d \
   --name sparkctl-glm-5.3-flash-4bpw-2x \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   --device /dev/infiniband \
@@ -120,9 +129,14 @@ docker run \
   -e VLLM_HOST_IP=192.168.100.11 \
   -e RAY_NODE_IP_ADDRESS=192.168.100.11 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.11 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=a8f7a402f37481369a258caa3de37e7673c83441281bbb1e8e331c82fab7e1e0 \
+  --label io.sparkctl.recipe-hash=560d4371336ddee43dcd517c607c91c076c87b8b80debc2e302abf6671f26427 \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
   --label io.sparkctl.cluster-role=worker \
+  --no-healthcheck \
   --entrypoint vllm sparkctl/vllm-exl3:0.33.0-sm121 serve /models/glm-5.3-flash-4bpw-2x \
   --served-model-name glm-5.3-flash-4bpw-2x \
   --host 127.0.0.1 \

@@ -26,10 +26,10 @@
 docker run \
   -d \
   --name sparkctl-ray-glm-5.3-flash-4bpw-2x \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   --device /dev/infiniband \
@@ -58,9 +58,18 @@ docker run \
   -e VLLM_HOST_IP=192.168.100.10 \
   -e RAY_NODE_IP_ADDRESS=192.168.100.10 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.10 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=29ab147127516096becc5aaeac315ec5ee6b22da8cb07d78521b55d7030a4bc2 \
+  --label io.sparkctl.recipe-hash=0ffc655e8f4eaea072c3d5fad8ab7a16a004386b5c2ff7411e4cc5b7a00c56e3 \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
   --label io.sparkctl.cluster-role=head \
+  --health-cmd 'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" http://127.0.0.1:8000/health' \
+  --health-interval 30s \
+  --health-timeout 10s \
+  --health-retries 3 \
+  --health-start-period 2400s \
   --entrypoint ray sparkctl/vllm-exl3:0.33.0-sm121 start \
   --head \
   --port=6379 \
@@ -73,10 +82,10 @@ docker run \
 docker run \
   -d \
   --name sparkctl-ray-glm-5.3-flash-4bpw-2x \
+  --init \
   --gpus all \
   --network host \
   --ipc host \
-  --shm-size 16g \
   --ulimit memlock=-1:-1 \
   --ulimit stack=67108864:67108864 \
   --device /dev/infiniband \
@@ -105,9 +114,14 @@ docker run \
   -e VLLM_HOST_IP=192.168.100.11 \
   -e RAY_NODE_IP_ADDRESS=192.168.100.11 \
   -e RAY_OVERRIDE_NODE_IP_ADDRESS=192.168.100.11 \
+  -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=29ab147127516096becc5aaeac315ec5ee6b22da8cb07d78521b55d7030a4bc2 \
+  --label io.sparkctl.recipe-hash=0ffc655e8f4eaea072c3d5fad8ab7a16a004386b5c2ff7411e4cc5b7a00c56e3 \
+  --label io.sparkctl.managed=true \
+  --label io.sparkctl.port=8000 \
+  --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \
   --label io.sparkctl.cluster-role=worker \
+  --no-healthcheck \
   --entrypoint ray sparkctl/vllm-exl3:0.33.0-sm121 start \
   --address=192.168.100.10:6379 \
   --block \

@@ -30,7 +30,7 @@ docker run --rm \
   -e DO_NOT_TRACK=1 \
   -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-4bpw-2x \
-  --label io.sparkctl.recipe-hash=29ab147127516096becc5aaeac315ec5ee6b22da8cb07d78521b55d7030a4bc2 \
+  --label io.sparkctl.recipe-hash=0ffc655e8f4eaea072c3d5fad8ab7a16a004386b5c2ff7411e4cc5b7a00c56e3 \
   --label io.sparkctl.managed=true \
   --label io.sparkctl.port=8000 \
   --label io.sparkctl.served-model-name=glm-5.3-flash-4bpw-2x \

@@ -17,7 +17,7 @@ docker run --rm \
   -e DO_NOT_TRACK=1 \
   -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash-k2k3 \
-  --label io.sparkctl.recipe-hash=500d3a25477d5cda0d9f9b80146d7034982f792265602a71d9fcfb158361164c \
+  --label io.sparkctl.recipe-hash=0ca57078fbd75fcd3285cebb5e078307836d3aa0ba87503a08fb6e0b80742b3b \
   --label io.sparkctl.managed=true \
   --label io.sparkctl.port=8000 \
   --label io.sparkctl.served-model-name=glm-5.3-flash-k2k3 \

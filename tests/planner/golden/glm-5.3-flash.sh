@@ -17,7 +17,7 @@ docker run --rm \
   -e DO_NOT_TRACK=1 \
   -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=glm-5.3-flash \
-  --label io.sparkctl.recipe-hash=abf370746683fe9bc16f44ecccb36a49601a2d064e6539bdbe26d7ddd41c2293 \
+  --label io.sparkctl.recipe-hash=00dd453fa1bc43cd40cb674b7060a6de56ab42ec0a27398a9d0f4d1e021f16b5 \
   --label io.sparkctl.managed=true \
   --label io.sparkctl.port=8000 \
   --label io.sparkctl.served-model-name=glm-5.3-flash \

@@ -17,7 +17,7 @@ docker run --rm \
   -e DO_NOT_TRACK=1 \
   -e SPARKCTL_PORT=8000 \
   --label io.sparkctl.recipe=qwen3.8-flash-next \
-  --label io.sparkctl.recipe-hash=f1815329a314ee1ed44320154f1b7b11b47c99ba6d07f949ab0fc3ca16623cc2 \
+  --label io.sparkctl.recipe-hash=f42ae376127c494b7c3cda05148e3d2e5e78738835aceadb15fe29cc01318c0b \
   --label io.sparkctl.managed=true \
   --label io.sparkctl.port=8000 \
   --label io.sparkctl.served-model-name=qwen3.8-flash-next \

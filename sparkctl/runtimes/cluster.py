@@ -1,14 +1,17 @@
-"""Starting, checking and stopping a cluster launch on its nodes, with a state file that names every
-container and process it started (on which node), so `down` removes all of them and `status` shows each.
+"""The cluster runtime: one plan served across Sparks, behind the same contract as `docker` and `native`.
+
+`start` runs every step of the plan's per-node launch (`Plan.cluster`, made from the node probes) on its
+node and records each container and process it started (on which node) in the recipe's one state file
+(sparkctl.runtimes.state), saved after every step, so `down` removes all of them, `status` shows each
+and `logs` reads every node's, exactly as for a single-node server.
 
 The server's endpoint is checked from here, so `up --nodes` runs on the head (the first node must be
-this machine). Any failure after the first start stops what was started, in reverse order.
+this machine). Any failure during start stops what was started, in reverse order.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import re
 import shlex
@@ -16,15 +19,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkctl.atomic import write_atomic
-from sparkctl.cluster.launch import ClusterLaunch, NodeStep
+from sparkctl.cluster.launch import NodeStep
 from sparkctl.cluster.nodes import Node, popen_on, run_on
 from sparkctl.errors import RuntimeFailure, UserError
-from sparkctl.paths import state_dir
+from sparkctl.planner.types import Plan
+from sparkctl.runtimes import base
+from sparkctl.runtimes import state as state_files
+from sparkctl.runtimes.base import ServerState
+from sparkctl.runtimes.common import started_state
 
 RAY_WAIT_S = 180.0
 
@@ -39,90 +45,99 @@ class Started:
     container: str = ""  # the container a `docker exec` server runs in
 
 
-@dataclass
-class ClusterState:
-    recipe: str
-    base_url: str
-    executor: str
-    runtime: str
-    nodes: list[dict[str, Any]]
-    started: list[Started] = field(default_factory=list)
-    started_at: float = field(default_factory=time.time)
-    served_model_name: str = ""
-
-    def node(self, address: str) -> Node:
-        for n in self.nodes:
-            if n["address"] == address:
-                return Node(**n)
-        raise KeyError(address)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+def _node(state: ServerState, address: str) -> Node:
+    for n in state.nodes:
+        if n["address"] == address:
+            return Node(**n)
+    raise KeyError(address)
 
 
-def state_path(recipe: str) -> Path:
-    return state_dir() / f"cluster-{recipe}.json"
+def _started(state: ServerState) -> list[Started]:
+    return [Started(**p) for p in state.parts]
 
 
-def save(state: ClusterState) -> None:
-    path = state_path(state.recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(state.to_json(), indent=2))
+class ClusterRuntime:
+    """Runtime protocol implementation for a plan served across nodes (`up --nodes`, cluster.hosts)."""
 
+    name = "cluster"
+    capabilities = frozenset({base.API_KEY, base.MULTI_NODE})
 
-def load(recipe: str) -> ClusterState | None:
-    path = state_path(recipe)
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    started = [Started(**s) for s in data.pop("started", [])]
-    return ClusterState(**data, started=started)
+    def check(self) -> None:
+        """Each node was checked by the cluster preflight (SSH, link, image, model) when it was planned."""
 
+    def ensure_ready(self, plan: Plan) -> Plan:
+        if plan.cluster is None:
+            raise UserError(f"recipe {plan.recipe_name} has no per-node launch: name its nodes with --nodes")
+        return plan
 
-def all_states() -> list[ClusterState]:
-    out = []
-    for path in sorted(state_dir().glob("cluster-*.json")) if state_dir().is_dir() else []:
-        state = load(path.stem.removeprefix("cluster-"))
-        if state is not None:
-            out.append(state)
-    return out
-
-
-def start(
-    launch: ClusterLaunch, nodes: list[Node], base_url: str, model: str, log: Callable[[str], None]
-) -> ClusterState:
-    """Run every step of `launch` on its node; returns the state (saved) once the server step started."""
-    if not nodes[0].is_local:
-        raise UserError(
-            f"run `sparkctl up` on the head: the first of --nodes ({nodes[0].address}) must be this machine "
-            "(localhost), where the endpoint is checked"
+    def start(self, plan: Plan, log_path: Path, progress: Callable[[str], None] | None = None) -> ServerState:
+        """Run every step of the plan's launch on its node; returns the state (saved after each step)
+        once the server step started. A failure stops what was started, last first."""
+        say = progress or (lambda line: None)
+        launch, nodes = plan.cluster.launch, list(plan.cluster.report.nodes)
+        if not nodes[0].is_local:
+            raise UserError(
+                f"run `sparkctl up` on the head: the first of --nodes ({nodes[0].address}) must be this "
+                "machine (localhost), where the endpoint is checked"
+            )
+        by_addr = {n.address: n for n in nodes}
+        state = started_state(
+            plan,
+            self.name,
+            log_path,
+            extra={"executor": launch.executor, "node_runtime": launch.runtime}
+            | ({"api_key_file": plan.api_key_file} if plan.api_key_file else {}),
         )
-    by_addr = {n.address: n for n in nodes}
-    state = ClusterState(
-        recipe=launch.recipe_name,
-        base_url=base_url,
-        executor=launch.executor,
-        runtime=launch.runtime,
-        nodes=[asdict(n) for n in nodes],
-        served_model_name=model,
-    )
-    save(state)
-    try:
-        for i, step in enumerate(launch.steps):
-            node = by_addr[step.node]
-            if step.wait_gpus:
-                _wait_ray(node, step, log)
-                continue
-            started = _run_step(node, step, launch.recipe_name, i)
-            if started is not None:
-                state.started.append(started)
-                save(state)
-            log(f"{step.node}: {step.what}")
-    except BaseException:
-        with contextlib.suppress(Exception):
-            stop(state)
-        raise
-    return state
+        state.log_path = None  # every part logs on its own node (`logs` reads them there)
+        state.nodes = [asdict(n) for n in nodes]
+        state_files.save(state)
+        try:
+            for i, step in enumerate(launch.steps):
+                node = by_addr[step.node]
+                if step.wait_gpus:
+                    _wait_ray(node, step, say)
+                    continue
+                started = _run_step(node, step, launch.recipe_name, i)
+                if started is not None:
+                    state.parts.append(asdict(started))
+                    state_files.save(state)
+                say(f"{step.node}: {step.what}")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.stop(state)
+                state_files.remove(state.recipe)
+            raise
+        return state
+
+    def is_running(self, state: ServerState) -> bool:
+        rows = self.parts(state)
+        return bool(rows) and all(r["running"] for r in rows)
+
+    def exit_detail(self, state: ServerState) -> str | None:
+        """Why the cluster cannot become healthy any more: the first of its parts no longer running."""
+        for row in self.parts(state):
+            if not row["running"]:
+                return f"{row['what']} on {row['node']} is not running"
+        return None
+
+    def stats(self, state: ServerState) -> dict[str, int] | None:
+        return {} if self.is_running(state) else None
+
+    def parts(self, state: ServerState) -> list[dict[str, Any]]:
+        return status_rows(state)
+
+    def persistence(
+        self, plan: Plan, log_path: Path, *, install: bool, strict: bool = True
+    ) -> tuple[str, str] | None:
+        raise UserError("the cluster runtime cannot do --persist")  # refused earlier: no PERSIST capability
+
+    def stop(self, state: ServerState, timeout_s: float = 30.0) -> None:
+        stop(state, timeout_s)
+
+    def logs(self, state: ServerState, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
+        if follow:
+            return follow_lines(state, tail=tail)
+        return iter(log_lines(state, tail=tail))
 
 
 def _run_step(node: Node, step: NodeStep, recipe: str, index: int) -> Started | None:
@@ -132,7 +147,7 @@ def _run_step(node: Node, step: NodeStep, recipe: str, index: int) -> Started | 
         run_on(node, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true\n", timeout_s=60)
         out = _check(node, shlex.join(argv), step.what, timeout_s=600)
         return Started(step.node, "container", out.strip().splitlines()[-1][:64], step.what, container=name)
-    if argv[:2] == ["docker", "exec"] and "vllm" in argv:
+    if argv[:2] == ["docker", "exec"] and step.server:
         name = argv[2]
         log_file = f"/tmp/sparkctl-{recipe}-server.log"
         inner = shlex.join(argv[3:])
@@ -148,7 +163,9 @@ def _run_step(node: Node, step: NodeStep, recipe: str, index: int) -> Started | 
     # a native process: its own session (pid = process group), output to a log on that node
     log_file = f"/tmp/sparkctl-{recipe}-{index}-{step.role}.log"
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in step.env.items())
-    script = f"setsid env {env} {shlex.join(argv)} > {log_file} 2>&1 < /dev/null &\necho $!\n"
+    # the API key from its 0600 file into the environment, never onto a command line (`ps` shows those)
+    keys = "".join(f"set -a; . {shlex.quote(f)}; set +a\n" for f in step.env_files)
+    script = f"{keys}setsid env {env} {shlex.join(argv)} > {log_file} 2>&1 < /dev/null &\necho $!\n"
     out = _check(node, script, step.what)
     return Started(step.node, "process", out.strip().splitlines()[-1], step.what, log=log_file)
 
@@ -190,11 +207,11 @@ def _wait_ray(node: Node, step: NodeStep, log: Callable[[str], None]) -> None:
     )
 
 
-def stop(state: ClusterState, timeout_s: float = 30.0) -> list[str]:
+def stop(state: ServerState, timeout_s: float = 30.0) -> list[str]:
     """Stop everything the launch started, last first; returns what was stopped. Stopped ones are fine."""
     done = []
-    for s in reversed(state.started):
-        node = state.node(s.node)
+    for s in reversed(_started(state)):
+        node = _node(state, s.node)
         if s.kind == "container":
             run_on(node, f"docker rm -f {shlex.quote(s.ident)} >/dev/null 2>&1 || true\n", timeout_s=120)
         elif s.kind == "process":
@@ -206,14 +223,14 @@ def stop(state: ClusterState, timeout_s: float = 30.0) -> list[str]:
             )
             run_on(node, script, timeout_s=timeout_s + 30)
         done.append(f"{s.node}: {s.what}")
-    state_path(state.recipe).unlink(missing_ok=True)
     return done
 
 
-def status_rows(state: ClusterState) -> list[dict[str, Any]]:
+def status_rows(state: ServerState) -> list[dict[str, Any]]:
+    """One row per part on each node: what it is, whether it still runs, where it logs."""
     rows = []
-    for s in state.started:
-        node = state.node(s.node)
+    for s in _started(state):
+        node = _node(state, s.node)
         if s.kind in ("container", "exec"):
             target = s.container or s.ident
             proc = run_on(
@@ -229,12 +246,12 @@ def status_rows(state: ClusterState) -> list[dict[str, Any]]:
     return rows
 
 
-def log_lines(state: ClusterState, tail: int | None = None) -> list[str]:
+def log_lines(state: ServerState, tail: int | None = None) -> list[str]:
     """Every node's logs, each line prefixed with its node (what `sparkctl logs` prints for a cluster)."""
     out = []
     n = f"-n {tail}" if tail is not None else "-n +1"
-    for s in state.started:
-        node = state.node(s.node)
+    for s in _started(state):
+        node = _node(state, s.node)
         if s.kind == "container":
             cmd = f"docker logs {'--tail ' + str(tail) if tail is not None else ''} {shlex.quote(s.ident)} 2>&1\n"
         elif s.kind == "exec":
@@ -259,14 +276,14 @@ def _follow_script(s: Started, tail: int | None) -> str:
     return f"{follow} &\nt=$!\ncat >/dev/null\nkill $t 2>/dev/null\n"
 
 
-def follow_lines(state: ClusterState, tail: int | None = None, *, poll_s: float = 0.5) -> Iterator[str]:
+def follow_lines(state: ServerState, tail: int | None = None, *, poll_s: float = 0.5) -> Iterator[str]:
     """`logs --follow` for a cluster: every part's log on every node at once, each line prefixed with
     its node, as the lines come; ends when the launch is taken down (its state file is gone) or the
     caller stops iterating (Ctrl-C), and then ends every follower on every node."""
     lines: queue.Queue[str | None] = queue.Queue()
     procs = []
-    for s in state.started:
-        proc = popen_on(state.node(s.node), _follow_script(s, tail))
+    for s in _started(state):
+        proc = popen_on(_node(state, s.node), _follow_script(s, tail))
         procs.append(proc)
 
         def pump(p: Any = proc, prefix: str = f"[{s.node}] ") -> None:
@@ -276,7 +293,7 @@ def follow_lines(state: ClusterState, tail: int | None = None, *, poll_s: float 
             lines.put(None)
 
         threading.Thread(target=pump, daemon=True).start()
-    path = state_path(state.recipe)
+    path = state_files.state_path(state.recipe)
     open_streams = len(procs)
     try:
         while open_streams and path.exists():
