@@ -171,6 +171,7 @@ def make_plan(recipe: Recipe, facts: Facts, *, check_memory: bool = True) -> Pla
     rhash = recipe_hash(recipe)
     docker = recipe.runtime == "docker"
     engine = adapter_for(recipe.engine.name)
+    engine.check_model(recipe, facts.model_config)
     entrypoint = list(facts.entrypoint) or default_entrypoint(recipe)
 
     local = facts.model_dir

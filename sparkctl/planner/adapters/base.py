@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from sparkctl.recipe.schema import Recipe
 
@@ -47,6 +48,10 @@ class EngineAdapter:
     def check_kv_dtype(self, recipe: Recipe) -> list[str]:
         """Warnings for the recipe's KV dtype; a UserError for one the engine refuses."""
         return []
+
+    def check_model(self, recipe: Recipe, config: dict[str, Any] | None) -> None:
+        """A UserError for a model and setting this engine is known to compute wrongly (``config``: the
+        model's config.json, None when it is not on this machine yet)."""
 
     def kv_dtype(self, recipe: Recipe, dtype: str) -> str:
         """The KV dtype the engine actually caches in, for `dtype` resolved from 'auto'."""

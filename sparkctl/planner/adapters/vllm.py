@@ -184,6 +184,29 @@ class VllmAdapter(EngineAdapter):
         suggestion = f" (did you mean {close[0]!r}?)" if close else ""
         return [f"serve.kv_cache_dtype {dtype!r} is not a vLLM 0.33 built-in KV dtype{suggestion}"]
 
+    def check_model(self, recipe: Recipe, config: dict[str, Any] | None) -> None:
+        """GLM-4-MoE in fp16 is wrong in vLLM 0.26 through 0.34: its MoE runner divides the shared experts'
+        output by ``routed_scaling_factor`` in fp16 and leaves the rescale to the decoder layer, which
+        GLM-4-MoE's does not do (top-1 agreement 0.61 against exllamav3 in the engine check, kernels/PERF.md,
+        runs 4 and 6). bf16 or fp32 are exact."""
+        if not config:
+            return
+        text = config.get("text_config") or config
+        dtype = recipe.serve.dtype or "auto"
+        fp16 = dtype in ("float16", "half") or (
+            dtype == "auto" and str(text.get("torch_dtype") or config.get("torch_dtype")) == "float16"
+        )
+        glm4moe = any(a.startswith("Glm4Moe") for a in config.get("architectures") or ())
+        scaled = float(text.get("routed_scaling_factor") or 1.0) != 1.0 and (
+            text.get("n_shared_experts") or 0
+        )
+        if fp16 and glm4moe and scaled:
+            raise UserError(
+                f"{recipe.name}: vLLM computes GLM-4-MoE with shared experts wrongly in float16 (the shared "
+                "experts' output is left divided by routed_scaling_factor)",
+                hint="--set serve.dtype=bfloat16 (exact; float32 too)",
+            )
+
     def fit_hint(self, recipe: Recipe) -> str:
         from sparkctl.planner.memory import gib
 
