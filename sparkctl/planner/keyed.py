@@ -20,7 +20,9 @@ def with_key_file(plan: Plan, api_key_file: str | None) -> Plan:
     """`plan` serving with the key in `api_key_file` (None: no key, the plan as it is)."""
     if api_key_file is None:
         return plan
-    argv = plan.argv
-    if plan.engine == "vllm" and KEY_GATE not in argv:
-        argv = (*argv, "--middleware", KEY_GATE)
+    from sparkctl.planner.adapters import adapter_for
+
+    argv, gate = plan.argv, adapter_for(plan.engine).key_gate_args()
+    if gate and not set(gate) <= set(argv):
+        argv = (*argv, *gate)
     return dataclasses.replace(plan, argv=argv, api_key_file=api_key_file)

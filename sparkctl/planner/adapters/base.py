@@ -49,6 +49,11 @@ class EngineAdapter:
         """Warnings for the recipe's KV dtype; a UserError for one the engine refuses."""
         return []
 
+    def key_gate_args(self) -> tuple[str, ...]:
+        """Flags that make the engine refuse every route without the API key, where its own check does not
+        cover every route (planner.keyed); () when the engine's key already locks everything."""
+        return ()
+
     def check_model(self, recipe: Recipe, config: dict[str, Any] | None) -> None:
         """A UserError for a model and setting this engine is known to compute wrongly (``config``: the
         model's config.json, None when it is not on this machine yet)."""

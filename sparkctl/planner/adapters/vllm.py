@@ -184,6 +184,11 @@ class VllmAdapter(EngineAdapter):
         suggestion = f" (did you mean {close[0]!r}?)" if close else ""
         return [f"serve.kv_cache_dtype {dtype!r} is not a vLLM 0.33 built-in KV dtype{suggestion}"]
 
+    def key_gate_args(self) -> tuple[str, ...]:
+        from sparkctl.planner.keyed import KEY_GATE
+
+        return ("--middleware", KEY_GATE)
+
     def check_model(self, recipe: Recipe, config: dict[str, Any] | None) -> None:
         """GLM-4-MoE in fp16 is wrong in vLLM 0.26 through 0.34: its MoE runner divides the shared experts'
         output by ``routed_scaling_factor`` in fp16 and leaves the rescale to the decoder layer, which
