@@ -258,9 +258,23 @@ class ModelSpec(Strict):
         return self
 
 
+_NO_PREPARE = (
+    "model.prepare makes packs loadable by vLLM; llama.cpp and FreeToken serve GGUF files as they are"
+)
+
+
 class EngineBase(Strict):
     """Which inference engine serves the model, and the versions it was validated with. One subclass per
-    engine (below), told apart by `name`; each engine's own options are its `serve` (`EngineSpec`)."""
+    engine (below), told apart by `name`; each engine's own options are its `serve` (`EngineSpec`), and
+    each says which models and devices it refuses (`model_problem`, `device_problem`)."""
+
+    def model_problem(self, model: Any) -> str | None:
+        """Why this engine cannot serve `model` (its format, a prepare step), or None."""
+        return None
+
+    def device_problem(self) -> str | None:
+        """Why this engine cannot run on `device`, or None."""
+        return None
 
     name: Annotated[
         Literal["vllm", "llama.cpp", "freetoken"],
@@ -531,9 +545,19 @@ class VllmEngine(EngineBase):
 
     name: Annotated[Literal["vllm"], Field(default="vllm", description="vllm (the default).")]
 
+    def model_problem(self, model: Any) -> str | None:
+        if model.format == "gguf":
+            return "gguf models are served with engine.name: llama.cpp or freetoken"
+        return None
+
 
 class LlamaCppEngine(EngineBase):
     """llama.cpp's llama-server, with its own options in `engine.serve` (or, as before, `serve.llama_cpp`)."""
+
+    def model_problem(self, model: Any) -> str | None:
+        if model.format != "gguf":
+            return f"engine llama.cpp serves gguf models, not {model.format}"
+        return _NO_PREPARE if model.prepare is not None else None
 
     name: Annotated[Literal["llama.cpp"], Field(description="llama.cpp (llama-server).")]
     serve: Annotated[
@@ -547,6 +571,18 @@ class LlamaCppEngine(EngineBase):
 
 class FreeTokenEngine(EngineBase):
     """FreeToken (`ft serve`): MoE experts offloaded to host RAM; NVIDIA GPUs only."""
+
+    def model_problem(self, model: Any) -> str | None:
+        if model.prepare is not None:
+            return _NO_PREPARE
+        if model.format == "exl3":
+            return "engine freetoken serves gguf and safetensors models, not exl3"
+        return None
+
+    def device_problem(self) -> str | None:
+        if self.device != "cuda":
+            return "engine freetoken runs on NVIDIA GPUs only (engine.device: cuda)"
+        return None
 
     name: Annotated[Literal["freetoken"], Field(description="freetoken (FreeToken's `ft serve`).")]
     serve: Annotated[
@@ -1118,20 +1154,13 @@ class Recipe(Strict):
             raise ValueError(
                 "runtime docker needs container.image (the image to run: --set container.image=IMAGE)"
             )
-        if self.engine.name == "llama.cpp" and self.model.format != "gguf":
-            raise ValueError(f"engine llama.cpp serves gguf models, not {self.model.format}")
-        if self.engine.name == "vllm" and self.model.format == "gguf":
-            raise ValueError("gguf models are served with engine.name: llama.cpp or freetoken")
-        if self.model.prepare is not None and self.engine.name != "vllm":
-            raise ValueError(
-                "model.prepare makes packs loadable by vLLM; llama.cpp and FreeToken serve GGUF files as they are"
-            )
+        problem = self.engine.model_problem(self.model)
+        if problem is not None:
+            raise ValueError(problem)
         if self.model.prepare and self.model.prepare.chat_template and self.serve.chat_template:
             raise ValueError("set model.prepare.chat_template or serve.chat_template, not both")
-        if self.engine.name == "freetoken" and self.model.format == "exl3":
-            raise ValueError("engine freetoken serves gguf and safetensors models, not exl3")
-        if self.engine.name == "freetoken" and self.engine.device != "cuda":
-            raise ValueError("engine freetoken runs on NVIDIA GPUs only (engine.device: cuda)")
+        if problem := self.engine.device_problem():
+            raise ValueError(problem)
         if self.engine.device == "cpu" and self.cluster.nodes > 1 and self.cluster.executor != "mp":
             raise ValueError(
                 "engine.device cpu runs across nodes only with cluster.executor: mp (vLLM's CPU build has "
