@@ -59,9 +59,13 @@ class TwoNodes:
     def worker(self) -> str:  # the worker's --nodes entry
         return self.ns.worker
 
-    def sparkctl(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def sparkctl(
+        self, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         argv = ["ip", "netns", "exec", self.ns.head_ns, sys.executable, "-m", "sparkctl", *args]
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            argv, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout
+        )
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +115,14 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
 @pytest.fixture(scope="module")
 def served(two_nodes: TwoNodes) -> Iterator[dict]:
     t0 = time.monotonic()
+    # the key from the environment: `--api-key KEY` would put it in `ps` (refused, docs/security.md)
     up = two_nodes.sparkctl(
-        "up", str(two_nodes.recipe), "--nodes", f"localhost,{two_nodes.worker}", "--api-key", KEY, "--json"
+        "up",
+        str(two_nodes.recipe),
+        "--nodes",
+        f"localhost,{two_nodes.worker}",
+        "--json",
+        env={"SPARKCTL_API_KEY": KEY},
     )
     wall = time.monotonic() - t0
     assert up.returncode == 0, up.stderr[-3000:]
