@@ -33,6 +33,10 @@ PER_NODE_VARS = (
 _V4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
 
 
+#: what a dry run shows for a value it could not read off a node (unreachable over SSH)
+UNPROBED = "<not probed>"
+
+
 @dataclass(frozen=True)
 class NodeNetwork:
     node: str
@@ -40,14 +44,21 @@ class NodeNetwork:
     address: str
     mtu: int | None
     hcas: tuple[str, ...]
-    gid_index: int
+    gid_index: int | None  # None: not probed (a dry run past an unreachable node)
+
+    @classmethod
+    def unprobed(cls, node: str) -> NodeNetwork:
+        """A node a dry run could not reach: its plan is shown with these values marked, not guessed."""
+        return cls(
+            node=node, interface=UNPROBED, address=UNPROBED, mtu=None, hcas=(UNPROBED,), gid_index=None
+        )
 
     def env(self) -> dict[str, str]:
         env = {
             var: self.interface for var in PER_NODE_VARS if var.endswith(("IFNAME", "DEVICES", "if_include"))
         }
         env["NCCL_IB_HCA"] = ",".join(self.hcas)
-        env["NCCL_IB_GID_INDEX"] = str(self.gid_index)
+        env["NCCL_IB_GID_INDEX"] = UNPROBED if self.gid_index is None else str(self.gid_index)
         for var in ("VLLM_HOST_IP", "RAY_NODE_IP_ADDRESS", "RAY_OVERRIDE_NODE_IP_ADDRESS"):
             env[var] = self.address
         return {k: env[k] for k in PER_NODE_VARS}

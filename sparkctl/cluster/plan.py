@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.cluster.launch import ClusterLaunch, plan_launch, render_launch
+from sparkctl.cluster.netenv import NodeNetwork
 from sparkctl.cluster.nodes import Node, NodeAuthRefused, NodeUnreachable, parse_nodes
 from sparkctl.cluster.preflight import ClusterReport, check_cluster, request_for
 from sparkctl.errors import RuntimeFailure, UserError
@@ -51,7 +52,13 @@ def plan_cluster(recipe: Any, plan: Any, nodes: list[Node], *, strict: bool = Tr
     report = check_cluster(nodes, recipe.cluster, request_for(plan, recipe))
     fail = sorted(report.failures(), key=lambda f: f.check != "ssh")  # an unreachable node first
     if not strict:
-        fail = [f for f in fail if f.check in _NETWORK_CHECKS]
+        # a dry run still shows every node's part: a node it cannot reach gets its values marked
+        # not probed (the failed check is in the report, shown as a warning); a bad value still stops it
+        unreachable = {f.node for f in fail if f.check == "ssh"}
+        fail = [f for f in fail if f.check in _NETWORK_CHECKS and f.node not in unreachable]
+        if not fail and unreachable:
+            networks = [report.networks.get(n.address) or NodeNetwork.unprobed(n.address) for n in nodes]
+            return ClusterPlan(report=report, launch=plan_launch(plan, recipe.cluster, networks))
     if fail:
         first = fail[0]
         more = f" (and {len(fail) - 1} more: sparkctl cluster check)" if len(fail) > 1 else ""
