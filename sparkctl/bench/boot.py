@@ -25,12 +25,12 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import SparkctlError
+from sparkctl.up import Reporter
 
 STAGES = ("launched", "weights_loaded", "port_open", "healthy", "first_token")  # vLLM binds after loading
 _WEIGHTS = re.compile(
@@ -170,8 +170,9 @@ class _Watch:
             self._stop.wait(0.02)
 
 
-class _Stamp:
-    """An `up` Reporter that stamps when the launch step finished."""
+class _Stamp(Reporter):
+    """An `up` Reporter that stamps when the launch step finished (the rest of the hooks: Reporter's,
+    which do nothing)."""
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
@@ -183,16 +184,6 @@ class _Stamp:
             self.launched = time.monotonic() - self.t0
         if name == "prewarm" and seconds is not None:
             self.prewarm_s = seconds
-
-    def warn(self, message: str) -> None: ...
-
-    @contextlib.contextmanager
-    def waiting(self, label: str) -> Iterator[Any]:
-        yield lambda tick: None
-
-    @contextlib.contextmanager
-    def building(self, image: str) -> Iterator[Any]:
-        yield lambda event: None
 
 
 def _first_token(base_url: str, model: str, t0: float) -> tuple[float | None, str | None]:
@@ -278,10 +269,10 @@ def _refusal(log: Path) -> str | None:
 def _weight_files(recipe: str, sets: tuple[str, ...]) -> list[Path]:
     """The recipe's local weight files (for the cache drop); the model must be on disk already."""
     from sparkctl.bench.client import BenchInputError
-    from sparkctl.plans import local_model_dir
+    from sparkctl.up import locate_model
 
     try:
-        d, _ = local_model_dir(recipe, sets)
+        d, _ = locate_model(recipe, tuple(sets))
     except SparkctlError as exc:
         raise BenchInputError(
             f"bench boot measures a start from local weights: {exc}",
