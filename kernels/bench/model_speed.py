@@ -677,16 +677,23 @@ def measure(
     return out
 
 
+def new_profiler(cuda: bool) -> object:
+    """torch's profiler over the CPU ops, and the CUDA kernels on a GPU (not started)."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    return torch.profiler.profile(activities=acts)
+
+
 def torch_profiler(cuda: bool) -> tuple[Callable[[], None], Callable[[], dict]]:
     """Start / stop of torch's profiler in this process (exllamav3's runs, and vLLM's worker through
     ``collective_rpc``): stop returns :func:`profile_table`."""
     import torch
 
     state: dict = {}
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
 
     def start() -> None:
-        state["p"] = torch.profiler.profile(activities=acts)
+        state["p"] = new_profiler(cuda)
         state["p"].start()
 
     def stop() -> dict:
@@ -830,10 +837,7 @@ def _worker_path_counts(worker: object) -> dict[str, int]:
 def _worker_profile_start(worker: object, cuda: bool) -> None:
     """Runs inside vLLM's worker: torch's profiler on, kept on the worker object between the two calls (CUPTI sees
     the kernels of every thread and of CUDA graph replays)."""
-    import torch
-
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    worker._model_speed_prof = (torch.profiler.profile(activities=acts), cuda)  # type: ignore[attr-defined]
+    worker._model_speed_prof = (new_profiler(cuda), cuda)  # type: ignore[attr-defined]
     worker._model_speed_prof[0].start()  # type: ignore[attr-defined]
 
 
