@@ -592,7 +592,24 @@ def profile_table(prof: object, cuda: bool) -> dict[str, dict]:
         if t > 0 and (not cuda or e.device_type.name == "CUDA"):
             rows.append((e.key, float(t), int(e.count)))
     rows.sort(key=lambda r: -r[1])
-    return {k: {"us": round(t, 1), "calls": c} for k, t, c in rows[:60]}
+    return {k: {"us": round(t, 1), "calls": c} for k, t, c in rows}
+
+
+def profile_tables(prof: object, cuda: bool) -> dict[str, dict]:
+    """A stopped profiler's kernel table and host table."""
+    return {"kernels": profile_table(prof, cuda), "host": cpu_table(prof)}
+
+
+def cpu_table(prof: object, top: int = 25) -> dict[str, dict]:
+    """The host side of a profiled run: the ops and runtime calls with the most self CPU time (a GPU idle while
+    the host works shows here, not in the kernel table)."""
+    rows = [
+        (e.key, float(e.self_cpu_time_total), int(e.count))
+        for e in prof.key_averages()  # type: ignore[attr-defined]
+        if e.self_cpu_time_total > 0
+    ]
+    rows.sort(key=lambda r: -r[1])
+    return {k: {"us": round(t, 1), "calls": c} for k, t, c in rows[:top]}
 
 
 def families(table: dict[str, dict], scale: float = 1.0) -> dict[str, float]:
@@ -661,18 +678,28 @@ def measure(
         # after the timings, so the profiler's own cost is in none of them
         start, stop = profiler
         prof: dict[str, dict] = {}
+        wall: dict[str, float] = {}
         for label, new in (("prefill", 1), ("decode_n1", plan.n1), ("decode_n2", plan.n2)):
             start()
-            run(fresh(plan.prompt), new)
+            wall[label] = run(fresh(plan.prompt), new)
             prof[label] = stop()
-        step = per_step(prof["decode_n2"], prof["decode_n1"], plan.n2 - plan.n1)
+        kernels = prof["prefill"]["kernels"]
+        step = per_step(prof["decode_n2"]["kernels"], prof["decode_n1"]["kernels"], plan.n2 - plan.n1)
         out["profile"] = {
-            "prefill": prof["prefill"],
+            "prefill": kernels,
+            "prefill_host_ops": prof["prefill"]["host"],
+            # the profiled prefill's wall time against the GPU's kernel time in it: the difference is time the
+            # GPU waited for the host (or the profiler's own cost, small at these kernel counts)
+            "prefill_wall_ms": round(1e3 * wall["prefill"], 2),
+            "prefill_kernels_ms": round(sum(r["us"] for r in kernels.values()) / 1e3, 2),
             "decode_step": step,
-            "prefill_families_us": families(prof["prefill"]),
+            "prefill_families_us": families(kernels),
             "decode_step_families_us": families(step),
         }
-        say(f"  profile, prefill {plan.prompt}: {out['profile']['prefill_families_us']}")
+        say(
+            f"  profile, prefill {plan.prompt}: wall {out['profile']['prefill_wall_ms']} ms, kernels "
+            f"{out['profile']['prefill_kernels_ms']} ms: {out['profile']['prefill_families_us']}"
+        )
         say(f"  profile, one decode step: {out['profile']['decode_step_families_us']}")
     return out
 
@@ -687,7 +714,7 @@ def new_profiler(cuda: bool) -> object:
 
 def torch_profiler(cuda: bool) -> tuple[Callable[[], None], Callable[[], dict]]:
     """Start / stop of torch's profiler in this process (exllamav3's runs, and vLLM's worker through
-    ``collective_rpc``): stop returns :func:`profile_table`."""
+    ``collective_rpc``): stop returns :func:`profile_tables`."""
     import torch
 
     state: dict = {}
@@ -700,7 +727,7 @@ def torch_profiler(cuda: bool) -> tuple[Callable[[], None], Callable[[], dict]]:
         if cuda:
             torch.cuda.synchronize()
         state["p"].stop()
-        return profile_table(state["p"], cuda)
+        return profile_tables(state["p"], cuda)
 
     return start, stop
 
@@ -848,7 +875,7 @@ def _worker_profile_stop(worker: object) -> dict:
     if cuda:
         torch.cuda.synchronize()
     prof.stop()
-    return profile_table(prof, cuda)
+    return profile_tables(prof, cuda)
 
 
 #: paths that mean a layer did not run on our CUDA kernels (sparkctl_exl3.paths.PATHS)
@@ -1018,7 +1045,32 @@ def engine_summary(runs: dict[int, dict]) -> dict:
                 "rest_ms": round(rest, 1),
                 f"at_{GLM53_FLASH_LAYERS}_ms": round(rest + GLM53_FLASH_LAYERS * slope, 1),
             }
+    profs = {d: r["profile"] for d, r in ok.items() if "profile" in r}
+    if len(profs) >= 2:
+        out["prefill_profile_line"] = profile_line(profs)
     return out
+
+
+def _line(d1: int, v1: float, d2: int, v2: float) -> dict[str, float]:
+    slope = (v2 - v1) / (d2 - d1)
+    return {"per_layer": round(slope, 2), "at_0_layers": round(v1 - d1 * slope, 1)}
+
+
+def profile_line(profs: dict[int, dict]) -> dict:
+    """The profiled prefill between the shallowest and the deepest run, as per layer + at 0 layers: for the wall
+    time, the GPU's kernel time and each kernel family. Where the TTFT's constant lives: a constant in the wall
+    time but not in the kernels is host time; one in a family is that family's fixed work."""
+    (d1, p1), (d2, p2) = min(profs.items()), max(profs.items())
+    fams = dict.fromkeys([*p1["prefill_families_us"], *p2["prefill_families_us"]])
+    return {
+        "depths": [d1, d2],
+        "wall_ms": _line(d1, p1["prefill_wall_ms"], d2, p2["prefill_wall_ms"]),
+        "kernels_ms": _line(d1, p1["prefill_kernels_ms"], d2, p2["prefill_kernels_ms"]),
+        "families_us": {
+            f: _line(d1, p1["prefill_families_us"].get(f, 0.0), d2, p2["prefill_families_us"].get(f, 0.0))
+            for f in fams
+        },
+    }
 
 
 def projection(
@@ -1255,11 +1307,26 @@ def render(report: dict) -> str:
                 f" = {ln[f'at_{GLM53_FLASH_LAYERS}_ms']:.1f} ms at {GLM53_FLASH_LAYERS} layers"
             )
     for engine, e in report["engines"].items():
+        pl = e["summary"].get("prefill_profile_line")
+        if pl:
+            lines.append(
+                f"  {engine} profiled prefill {plan['prompt']}, per layer + at 0 layers: wall "
+                f"{pl['wall_ms']['per_layer']} + {pl['wall_ms']['at_0_layers']} ms, GPU kernels "
+                f"{pl['kernels_ms']['per_layer']} + {pl['kernels_ms']['at_0_layers']} ms; by family (us): "
+                + ", ".join(
+                    f"{f} {v['per_layer']} + {v['at_0_layers']}" for f, v in pl["families_us"].items()
+                )
+            )
         for d, r in e["runs"].items():
             pr = r.get("profile")
             if pr:
                 lines.append(
-                    f"  {engine} {d} layers, profiled prefill {plan['prompt']} (us): {pr['prefill_families_us']}"
+                    f"  {engine} {d} layers, profiled prefill {plan['prompt']}: wall {pr['prefill_wall_ms']} ms,"
+                    f" kernels {pr['prefill_kernels_ms']} ms (us): {pr['prefill_families_us']}"
+                )
+                lines.append(
+                    f"  {engine} {d} layers, profiled prefill, top host ops (us): "
+                    + ", ".join(f"{k} {v['us']:.0f}" for k, v in list(pr["prefill_host_ops"].items())[:8])
                 )
                 lines.append(
                     f"  {engine} {d} layers, profiled decode step (us): {pr['decode_step_families_us']}"

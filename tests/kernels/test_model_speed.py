@@ -368,9 +368,29 @@ def test_dry_run_drives_vllm_cpu_through_the_checkpoint(tmp_path: Path) -> None:
     # the profile came back from vLLM's worker (collective_rpc): the prefill's ops and a decode step's, by family
     prof = run["profile"]
     assert prof["prefill"] and prof["decode_step"] and prof["prefill_families_us"]
+    assert prof["prefill_wall_ms"] > 0 and prof["prefill_kernels_ms"] > 0 and prof["prefill_host_ops"]
     assert all(r["us"] > 0 for r in prof["decode_step"].values())
     text = (tmp_path / "out" / "model_speed.txt").read_text()
     assert text.startswith("checkpoint: Glm4MoeForCausalLM") and "profiled decode step" in text
+
+
+def test_the_profiled_prefill_line_splits_per_layer_from_constant(ms) -> None:
+    """Two depths: a family that grows with the layers gets a slope and no constant; a constant in the wall time
+    that the kernels lack is the host's."""
+
+    def prof(d: int) -> dict:
+        return {
+            "prefill_wall_ms": 100.0 + 5.0 * d,
+            "prefill_kernels_ms": 10.0 + 5.0 * d,
+            "prefill_families_us": {"attention": 1000.0 * d, "other": 10_000.0 + 4000.0 * d},
+        }
+
+    line = ms.profile_line({8: prof(8), 32: prof(32)})
+    assert line["depths"] == [8, 32]
+    assert line["wall_ms"] == {"per_layer": 5.0, "at_0_layers": 100.0}
+    assert line["kernels_ms"] == {"per_layer": 5.0, "at_0_layers": 10.0}
+    assert line["families_us"]["attention"] == {"per_layer": 1000.0, "at_0_layers": 0.0}
+    assert line["families_us"]["other"] == {"per_layer": 4000.0, "at_0_layers": 10000.0}
 
 
 def test_merge_reports_of_separate_calls(ms, tmp_path: Path, capsys) -> None:
