@@ -37,6 +37,8 @@ __all__ = [
     "moe_prepare",
     "moe_supports",
     "moe_prefill",
+    "moe_prefill_prepare",
+    "MoePrefillTable",
     "prefill_supports",
     "set_tuning",
     "sources",
@@ -623,11 +625,66 @@ def _row_class(count: int) -> int:
     return rows
 
 
+@dataclass(frozen=True)
+class MoePrefillTable:
+    """One MoE layer's experts as :func:`moe_prefill` reads them, checked and listed once (at load time in the
+    plugin): a prefill call's host work is then its routing plan and its launches only. Measured in the engine
+    (kernels/PERF.md, "Model speed"): rebuilt per call, the lists and checks of 128 experts plus a plan of one
+    small op per unit kept vLLM's prefill host-bound (GPU idle a third of the layer)."""
+
+    n_experts: int
+    gated: bool
+    hidden: int
+    width: int
+    #: weight elements of one expert (all projections)
+    per_expert: int
+    #: projection name -> per expert: (trellis, suh, svh) contiguous, and the launch key (trellis shape, codebook id)
+    tensors: Mapping[str, tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]]
+    keys: Mapping[str, tuple[tuple[tuple[int, ...], int], ...]]
+
+
+def moe_prefill_prepare(
+    experts: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | int]]],
+) -> MoePrefillTable:
+    """The :class:`MoePrefillTable` of ``experts`` (``{"gate": (trellis, suh, svh, codebook), "up": ..., "down":
+    ...}`` each, "up" may be missing; experts may differ in K and codebook but not in shape)."""
+    if not experts:
+        raise ValueError("moe_prefill needs at least one expert")
+    names = [n for n in ("gate", "up", "down") if n in experts[0]]
+    shape_of = {name: tuple(experts[0][name][0].shape[:2]) for name in names}
+    for e, ex in enumerate(experts):
+        got = {name: tuple(ex[name][0].shape[:2]) for name in ex if name in ("gate", "up", "down")}
+        if got != shape_of:
+            raise ValueError(
+                f"moe_prefill: expert {e}'s projections {got} differ in shape from expert 0's {shape_of}"
+            )
+    if shape_of["down"] != (shape_of["gate"][1], shape_of["gate"][0]):
+        raise ValueError(
+            f"moe_prefill: gate must be [hidden, width] and down [width, hidden], got trellis tiles {shape_of}"
+        )
+    tensors, keys = {}, {}
+    for name in names:
+        rows = [ex[name] for ex in experts]
+        tensors[name] = tuple((t.contiguous(), u.contiguous(), v.contiguous()) for t, u, v, _ in rows)
+        keys[name] = tuple(
+            (tuple(t.shape), cb if isinstance(cb, int) else _codebook_id(cb)) for t, _, _, cb in rows
+        )
+    return MoePrefillTable(
+        n_experts=len(experts),
+        gated="up" in names,
+        hidden=16 * int(shape_of["gate"][0]),
+        width=16 * int(shape_of["gate"][1]),
+        per_expert=256 * sum(int(a) * int(b) for a, b in shape_of.values()),
+        tensors=tensors,
+        keys=keys,
+    )
+
+
 def moe_prefill(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    experts: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]],
+    experts: MoePrefillTable | Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]],
     activation: str | Callable[[torch.Tensor], torch.Tensor] = "silu",
     *,
     intermediate: int | None = None,
@@ -636,14 +693,14 @@ def moe_prefill(
     """The routed experts of a MoE layer for many tokens: ``sum_j w[t, j] * down(act(gate(x_t)) * up(x_t))`` over
     token t's slots j, for ``x [tokens, hidden]`` fp16, ``topk_ids``/``topk_weights [tokens, top_k]``.
 
-    ``experts[e]`` = ``{"gate": (trellis, suh, svh, codebook_name), "up": ..., "down": ...}`` ("up" may be missing);
-    experts may differ in K and codebook but not in shape. Pairs are sorted by expert on the GPU; the counts per
-    expert come to the host once (the layer's one sync, followed by one small host-to-device copy of the plan), so
-    only routed experts are reconstructed. Experts are grouped by row class (:func:`_row_class`) and, within
+    ``experts``: a :class:`MoePrefillTable` (:func:`moe_prefill_prepare`), or the experts it is made of. Pairs are
+    sorted by expert on the GPU; the counts per expert come to the host once (the layer's one sync), so only routed
+    experts are reconstructed. Experts are grouped by row class (:func:`_row_class`) and, within
     ``scratch_elements`` of fp16 weights at a time (:data:`MOE_SCRATCH_ELEMENTS`), reconstructed by grouped launches
     (gate and up side by side, so one GEMM makes both) and run as batched cuBLAS GEMMs over the class, any number of
-    rows per expert. The routing-weighted rows are added back in fp32 (``index_add_``). Ids outside
-    ``0 .. len(experts) - 1`` (another rank's experts) add nothing. ``intermediate``: the true width when gate/up
+    rows per expert. Every unit's rows are gathered by one index built on the host from the counts (one copy to
+    the device); each unit's routing-weighted rows are added back in fp32 (``index_add_``). Ids outside
+    ``0 .. n_experts - 1`` (another rank's experts) add nothing. ``intermediate``: the true width when gate/up
     are padded past it (their extra columns are zeroed before down, as the plugin's cut does).
     """
     act = PREFILL_ACTIVATIONS[activation] if isinstance(activation, str) else activation
@@ -657,27 +714,13 @@ def moe_prefill(
             f"moe_prefill: x must be [tokens, hidden] and topk_ids, topk_weights [tokens, top_k], got "
             f"{tuple(x.shape)}, {tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}"
         )
-    if not experts:
-        raise ValueError("moe_prefill needs at least one expert")
+    table = experts if isinstance(experts, MoePrefillTable) else moe_prefill_prepare(experts)
     module = _module_or_raise()
     tokens, top_k, hidden = int(topk_ids.shape[0]), int(topk_ids.shape[1]), int(x.shape[1])
-    n_exp = len(experts)
-    gated = "up" in experts[0]
-    shape_of = {
-        name: tuple(experts[0][name][0].shape[:2]) for name in experts[0] if name in ("gate", "up", "down")
-    }
-    for e, ex in enumerate(experts):
-        got = {name: tuple(ex[name][0].shape[:2]) for name in ex if name in ("gate", "up", "down")}
-        if got != shape_of:
-            raise ValueError(
-                f"moe_prefill: expert {e}'s projections {got} differ in shape from expert 0's {shape_of}"
-            )
-    width = 16 * shape_of["gate"][1]
-    if 16 * shape_of["gate"][0] != hidden or shape_of["down"] != (shape_of["gate"][1], shape_of["gate"][0]):
-        raise ValueError(
-            f"moe_prefill: x has {hidden} features; gate must be [{hidden}, width] and down [width, {hidden}], got "
-            f"trellis tiles {shape_of}"
-        )
+    n_exp, width, gated = table.n_experts, table.width, table.gated
+    if table.hidden != hidden:
+        raise ValueError(f"moe_prefill: x has {hidden} features; the experts' gate takes {table.hidden}")
+    dev = x.device
     ids = topk_ids.reshape(-1).to(torch.int64)
     key = torch.where((ids >= 0) & (ids < n_exp), ids, n_exp)  # other ranks' experts sort past the end
     order = torch.argsort(key, stable=True)
@@ -690,86 +733,85 @@ def moe_prefill(
             order.new_zeros(1, dtype=torch.float32),
         ]
     )
+    x_ext = torch.cat([x, x.new_zeros(1, hidden)])
+    out = torch.zeros(tokens + 1, hidden, dtype=torch.float32, device=dev)
     counts = torch.bincount(key, minlength=n_exp + 1).tolist()  # the one host sync of the layer
     starts = [0]
     for c in counts:
         starts.append(starts[-1] + c)
-    per_expert = 256 * sum(
-        int(shape_of[n][0]) * int(shape_of[n][1]) for n in ("gate", "up", "down") if n in shape_of
+    budget = max(
+        table.per_expert, MOE_SCRATCH_ELEMENTS if scratch_elements is None else int(scratch_elements)
     )
-    budget = max(per_expert, MOE_SCRATCH_ELEMENTS if scratch_elements is None else int(scratch_elements))
-    # units of work: experts of one row class, at most `budget` elements of weights each
+    # units of work: experts of one row class (members ordered by launch key, so one rate is one launch), at most
+    # `budget` elements of weights each
     classes: dict[int, list[int]] = {}
     for e in range(n_exp):
         if counts[e] > 0:
             classes.setdefault(_row_class(counts[e]), []).append(e)
+    first = table.keys["gate"]
     units: list[tuple[int, list[int]]] = []
-    per_unit = max(1, budget // per_expert)
+    per_unit = max(1, budget // table.per_expert)
     for rows in sorted(classes):
-        members = classes[rows]
+        members = sorted(classes[rows], key=lambda e: (first[e], e))
         for i in range(0, len(members), per_unit):
             units.append((rows, members[i : i + per_unit]))
-    # the plan's starts and counts, in unit order, copied to the device once (the queue is empty after the sync)
-    plan = torch.tensor(
-        [[starts[e], counts[e]] for _, members in units for e in members], dtype=torch.int64
-    ).to(x.device)
-    x_ext = torch.cat([x, x.new_zeros(1, hidden)])
-    out = torch.zeros(tokens + 1, hidden, dtype=torch.float32, device=x.device)
+    if not units:
+        return out[:tokens].to(x.dtype)
+    # every unit's pair index (member-major, `rows` slots per member, padding slots -> `pairs`), built on the host
+    # from the counts in a few vectorised ops and copied to the device once
+    m_rows = torch.tensor([rows for rows, members in units for _ in members], dtype=torch.int64)
+    m_start = torch.tensor([starts[e] for _, members in units for e in members], dtype=torch.int64)
+    m_count = torch.tensor([counts[e] for _, members in units for e in members], dtype=torch.int64)
+    total = int(m_rows.sum())
+    slot = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(
+        torch.cumsum(m_rows, 0) - m_rows, m_rows
+    )
+    pos = torch.where(
+        slot < torch.repeat_interleave(m_count, m_rows),
+        torch.repeat_interleave(m_start, m_rows) + slot,
+        pairs,
+    ).to(dev)
+    tok = token_sorted[pos]
+    wts = weight_sorted[pos].unsqueeze(1)
+    most = max(len(members) for _, members in units)
+    w_in_all = torch.empty(most, hidden, (2 if gated else 1) * width, dtype=torch.float16, device=dev)
+    w_down_all = torch.empty(most, width, hidden, dtype=torch.float16, device=dev)
     done = 0
     for rows, members in units:
         n = len(members)
-        meta = plan[done : done + n]
-        done += n
-        j = torch.arange(rows, device=x.device)
-        pos = meta[:, :1] + j[None, :]
-        pos = torch.where(j[None, :] < meta[:, 1:], pos, pairs)  # [n, rows]: pair index, or the padding slot
-        tok = token_sorted[pos].reshape(-1)
-        wts = weight_sorted[pos].reshape(-1, 1)
-        xs = x_ext.index_select(0, tok).view(n, rows, hidden)
-        w_in = torch.empty(n, hidden, (2 if gated else 1) * width, dtype=torch.float16, device=x.device)
-        w_down = torch.empty(n, width, hidden, dtype=torch.float16, device=x.device)
-        _reconstruct_experts(module, experts, members, "gate", w_in[:, :, :width])
+        span = slice(done, done + n * rows)
+        done += n * rows
+        w_in, w_down = w_in_all[:n], w_down_all[:n]
+        _reconstruct_experts(module, table, members, "gate", w_in[:, :, :width])
         if gated:
-            _reconstruct_experts(module, experts, members, "up", w_in[:, :, width:])
-        _reconstruct_experts(module, experts, members, "down", w_down)
-        g = torch.bmm(xs, w_in)
+            _reconstruct_experts(module, table, members, "up", w_in[:, :, width:])
+        _reconstruct_experts(module, table, members, "down", w_down)
+        g = torch.bmm(x_ext.index_select(0, tok[span]).view(n, rows, hidden), w_in)
         h = act(g[..., :width].float())
         if gated:
-            h = h * g[..., width:].float()
+            h.mul_(g[..., width:])
         if intermediate is not None and intermediate < width:
             h[..., intermediate:] = 0.0
         y = torch.bmm(h.to(x.dtype), w_down)
-        out.index_add_(0, tok, y.view(n * rows, hidden).float() * wts)
+        out.index_add_(0, tok[span], torch.mul(y.view(n * rows, hidden), wts[span]))  # fp16 * fp32 -> fp32
     return out[:tokens].to(x.dtype)
 
 
 def _reconstruct_experts(
-    module: ModuleType,
-    experts: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]]],
-    members: Sequence[int],
-    name: str,
-    out: torch.Tensor,
+    module: ModuleType, table: MoePrefillTable, members: Sequence[int], name: str, out: torch.Tensor
 ) -> None:
     """W of projection ``name`` of ``members`` into ``out[i]``: one launch per run of members that share rate and
     codebook (a layer of one K: one launch)."""
+    keys, tensors = table.keys[name], table.tensors[name]
     i = 0
     while i < len(members):
-        trellis, _, _, codebook = experts[members[i]][name]
-        cb = codebook if isinstance(codebook, int) else _codebook_id(codebook)
+        k = keys[members[i]]
         j = i + 1
-        while j < len(members):
-            t, _, _, c = experts[members[j]][name]
-            if t.shape != trellis.shape or (c if isinstance(c, int) else _codebook_id(c)) != cb:
-                break
+        while j < len(members) and keys[members[j]] == k:
             j += 1
-        run = [experts[members[k]][name] for k in range(i, j)]
+        run = [tensors[m] for m in members[i:j]]
         module.reconstruct_into(
-            [p[0].contiguous() for p in run],
-            [p[1].contiguous() for p in run],
-            [p[2].contiguous() for p in run],
-            cb,
-            out[i:j],
-            0,
+            [r[0] for r in run], [r[1] for r in run], [r[2] for r in run], k[1], out[i:j], 0
         )
         i = j
 

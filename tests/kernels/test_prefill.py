@@ -216,6 +216,27 @@ def test_moe_prefill_is_the_routed_sum(stand_in: StandIn) -> None:
     assert [c[1] for c in stand_in.calls] == [1, 1, 1] * len(routed)
 
 
+def test_a_prepared_table_is_the_same_sum_and_one_rate_is_one_launch(stand_in: StandIn) -> None:
+    """The plugin prepares a layer's table once (moe_prefill_prepare); a call with it computes what a call with the
+    experts does, and a class's members are ordered by rate, so each rate of a projection is one launch."""
+    hidden, width, n_exp = 128, 256, 8
+    experts = _experts(hidden, width, n_exp)  # four rates, alternating by index
+    table = cuda.moe_prefill_prepare(experts)
+    assert (table.n_experts, table.hidden, table.width, table.gated) == (n_exp, hidden, width, True)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(64, hidden, generator=gen).half()
+    topk_ids = torch.arange(64 * 2).reshape(64, 2) % n_exp  # 16 pairs per expert: one row class
+    topk_weights = torch.rand(64, 2, generator=gen)
+    y = cuda.moe_prefill(x, topk_ids, topk_weights, table, "silu")
+    gate_launches = [c for c in stand_in.calls if c[3:] == (0, width) and c[1] > 0][:4]
+    assert [c[1] for c in gate_launches] == [2, 2, 2, 2]  # gate: 4 rates x 2 experts, not 8 launches
+    stand_in.calls.clear()
+    assert torch.equal(y, cuda.moe_prefill(x, topk_ids, topk_weights, experts, "silu"))
+    assert _rel(y, _routed_reference(x, topk_ids, topk_weights, experts)) < 5e-3
+    with pytest.raises(ValueError, match="x has 256 features; the experts' gate takes 128"):
+        cuda.moe_prefill(torch.randn(4, 256).half(), topk_ids[:4], topk_weights[:4], table)
+
+
 def test_row_classes_bound_the_padding() -> None:
     """Experts are padded to a few row classes for the batched GEMMs: never fewer rows than routed, at most 25%
     more above 64 rows (16-row steps below), and a 2048-token fat expert lands in a class of its own."""

@@ -227,6 +227,48 @@ FUSED_MAX_TOKENS = 64
 PREFILL_MIN_TOKENS = 8
 
 
+@dataclass(frozen=True)
+class PrefillTables:
+    """What :func:`_moe_prefill` needs besides the call's tensors, made once per CUDA layer (:func:`prefill_tables`):
+    the experts as ``cuda.moe_prefill`` reads them and the global-id lookup of this rank."""
+
+    table: object  # sparkctl_exl3.cuda.MoePrefillTable
+    #: global expert id -> index into the layer's experts, -1 for other ranks' ids; ``top`` (ids past the table) -> -1
+    lookup: torch.Tensor
+    top: int
+    stored_in: int
+
+
+def prefill_tables(experts: Sequence[ExpertWeights], expert_ids: Sequence[int]) -> PrefillTables | None:
+    """The layer's :class:`PrefillTables`, or None when the extension cannot take its experts (no CUDA kernels,
+    an older build): the per-expert loop runs instead."""
+    if not experts:
+        return None
+    try:
+        from .. import cuda
+    except ImportError:
+        return None
+    if not cuda.available() or not hasattr(cuda, "moe_prefill_prepare"):
+        return None
+    table = cuda.moe_prefill_prepare(
+        [
+            {
+                tag: (w.trellis, w.suh, w.svh, w.codebook)
+                for tag, w in (("gate", e.gate), ("up", e.up), ("down", e.down))
+                if w is not None
+            }
+            for e in experts
+        ]
+    )
+    device = experts[0].gate.trellis.device
+    top = max(expert_ids) + 1
+    lookup = torch.full((top + 1,), -1, dtype=torch.int64, device=device)
+    lookup[torch.tensor(list(expert_ids), dtype=torch.int64, device=device)] = torch.arange(
+        len(expert_ids), device=device
+    )
+    return PrefillTables(table, lookup, top, int(experts[0].gate.suh.shape[-1]))
+
+
 def _moe_prefill(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -236,37 +278,29 @@ def _moe_prefill(
     hidden: int,
     intermediate: int,
     activation: str,
+    tables: PrefillTables | None = None,
 ) -> torch.Tensor | None:
     """Prefill-sized calls through ``cuda.moe_prefill`` (routed experts only, reconstructed and run as batched
     GEMMs; one host sync for the counts, so never while a CUDA graph is being captured), or None when the
-    extension cannot take them (the per-expert loop runs instead)."""
+    extension cannot take them (the per-expert loop runs instead). ``tables``: the layer's :func:`prefill_tables`
+    (made here when not given)."""
     try:
         from .. import cuda
     except ImportError:
         return None
     if not cuda.available() or not hasattr(cuda, "moe_prefill") or activation not in cuda.PREFILL_ACTIVATIONS:
         return None
-    table = [
-        {
-            tag: (w.trellis, w.suh, w.svh, w.codebook)
-            for tag, w in (("gate", e.gate), ("up", e.up), ("down", e.down))
-            if w is not None
-        }
-        for e in experts
-    ]
-    # global expert id -> index into `experts`; other ranks' ids (and ids past the table) become -1: they add nothing
-    top = max(expert_ids) + 1
-    lookup = torch.full((top + 1,), -1, dtype=torch.int64, device=x.device)
-    lookup[torch.tensor(list(expert_ids), dtype=torch.int64, device=x.device)] = torch.arange(
-        len(expert_ids), device=x.device
-    )
+    if tables is None:
+        tables = prefill_tables(experts, expert_ids)
+        if tables is None:
+            return None
+    # other ranks' ids (and ids past the table) become -1: they add nothing
     ids = topk_ids.to(torch.int64)
-    local = lookup[torch.where((ids >= 0) & (ids < top), ids, top)]
-    stored_in = experts[0].gate.suh.shape[-1]
+    local = tables.lookup[torch.where((ids >= 0) & (ids < tables.top), ids, tables.top)]
     xs = x.to(torch.float16)
-    if xs.shape[-1] < stored_in:
-        xs = F.pad(xs, (0, stored_in - xs.shape[-1]))
-    y = cuda.moe_prefill(xs, local, topk_weights, table, activation, intermediate=intermediate)
+    if xs.shape[-1] < tables.stored_in:
+        xs = F.pad(xs, (0, tables.stored_in - xs.shape[-1]))
+    y = cuda.moe_prefill(xs, local, topk_weights, tables.table, activation, intermediate=intermediate)
     if y.shape[-1] > hidden:
         y = y[..., :hidden]
     return y.to(x.dtype)
@@ -311,13 +345,15 @@ def exl3_moe_forward(
     apply_router_weight_on_input: bool = False,
     stack: ExpertStack | None = None,
     fused: object | None = None,
+    prefill: PrefillTables | None = None,
 ) -> torch.Tensor:
     """Top-k weighted sum of the routed experts' outputs for x [tokens, hidden] -> [tokens, hidden].
 
     ``topk_ids`` holds global expert ids; ``expert_ids[i]`` is the global id of ``experts[i]``. On the CPU only the
     routed experts are computed, from ``stack`` (``stack_experts(experts)``; made here when not given). On CUDA,
     ``fused`` (:func:`fused_tables`, made once at load time) takes decode-sized calls through the fused kernel,
-    prefill-sized calls go through ``cuda.moe_prefill`` (one host sync, never during a graph capture); the other
+    prefill-sized calls go through ``cuda.moe_prefill`` (one host sync, never during a graph capture; ``prefill``:
+    the layer's :func:`prefill_tables`, made once); the other
     calls loop over the experts this rank holds (a fixed Python list), never over routing values.
     """
     if not x.is_cuda:
@@ -346,7 +382,9 @@ def exl3_moe_forward(
         and x.shape[0] > prefill_from
         and not torch.cuda.is_current_stream_capturing()
     ):
-        y = _moe_prefill(x, topk_weights, topk_ids, experts, expert_ids, hidden, intermediate, activation)
+        y = _moe_prefill(
+            x, topk_weights, topk_ids, experts, expert_ids, hidden, intermediate, activation, prefill
+        )
         if y is not None:
             paths.hit("moe-prefill")
             return y

@@ -34,6 +34,7 @@ from .forward import (
     exl3_moe_forward,
     finish_shard,
     fused_tables,
+    prefill_tables,
     stack_experts,
 )
 from .linear import LOADED_TENSORS, cut_for_rank
@@ -181,6 +182,9 @@ class EXL3MoEMethod(FusedMoEMethodBase):
         layer.exl3_fused = fused_tables(
             experts, layer.exl3_expert_ids, hidden=plan.hidden, intermediate=plan.intermediate
         )
+        # CUDA: the MoE prefill's checked expert lists and id lookup (None elsewhere), made here, not per call: the
+        # prefill runs eager, and per-call Python over 128 experts left the GPU idle (kernels/PERF.md, "Model speed")
+        layer.exl3_prefill = prefill_tables(experts, layer.exl3_expert_ids)
         # The CPU path gathers routed experts from per-projection stacks (a copy of the experts' tensors, made
         # once: on the CPU the decode, not memory, is what costs).
         layer.exl3_stack_meta = None
@@ -198,7 +202,17 @@ class EXL3MoEMethod(FusedMoEMethodBase):
         plan.loaded.clear()
 
     def expert_weights(self, layer: torch.nn.Module) -> list[ExpertWeights]:
-        """The loaded experts of ``layer``, read from its buffers (for the forward, tests and the GPU check)."""
+        """The loaded experts of ``layer``, read from its buffers (for the forward, tests and the GPU check); kept
+        on the layer until its buffers are replaced (a move to another device), since the forward asks every call."""
+        anchor = layer._buffers.get("exl3_e0_gate_trellis")
+        kept = getattr(layer, "_exl3_experts_kept", None)
+        if kept is not None and kept[0] is anchor:
+            return kept[1]
+        experts = self._read_experts(layer)
+        layer._exl3_experts_kept = (anchor, experts)
+        return experts
+
+    def _read_experts(self, layer: torch.nn.Module) -> list[ExpertWeights]:
         experts = []
         for local, meta in enumerate(layer.exl3_expert_meta):
 
@@ -263,4 +277,5 @@ class EXL3MoEMethod(FusedMoEMethodBase):
             apply_router_weight_on_input=bool(getattr(layer, "apply_router_weight_on_input", False)),
             stack=None if x.is_cuda else self.expert_stack(layer),
             fused=getattr(layer, "exl3_fused", None),
+            prefill=getattr(layer, "exl3_prefill", None),
         )
