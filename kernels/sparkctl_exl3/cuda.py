@@ -759,18 +759,16 @@ def moe_prefill(
         return out[:tokens].to(x.dtype)
     # every unit's pair index (member-major, `rows` slots per member, padding slots -> `pairs`), built on the host
     # from the counts in a few vectorised ops and copied to the device once
-    m_rows = torch.tensor([rows for rows, members in units for _ in members], dtype=torch.int64)
-    m_start = torch.tensor([starts[e] for _, members in units for e in members], dtype=torch.int64)
-    m_count = torch.tensor([counts[e] for _, members in units for e in members], dtype=torch.int64)
+    import numpy as np  # here: the image's kernel build layer imports this file without numpy
+
+    # (numpy: torch's CPU repeat_interleave took milliseconds per call inside vLLM's worker, kernels/PERF.md)
+    m_rows = np.array([rows for rows, members in units for _ in members], dtype=np.int64)
+    m_start = np.array([starts[e] for _, members in units for e in members], dtype=np.int64)
+    m_count = np.array([counts[e] for _, members in units for e in members], dtype=np.int64)
     total = int(m_rows.sum())
-    slot = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(
-        torch.cumsum(m_rows, 0) - m_rows, m_rows
-    )
-    pos = torch.where(
-        slot < torch.repeat_interleave(m_count, m_rows),
-        torch.repeat_interleave(m_start, m_rows) + slot,
-        pairs,
-    ).to(dev)
+    slot = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(m_rows) - m_rows, m_rows)
+    pos_host = np.where(slot < np.repeat(m_count, m_rows), np.repeat(m_start, m_rows) + slot, pairs)
+    pos = torch.from_numpy(pos_host).to(dev)
     tok = token_sorted[pos]
     wts = weight_sorted[pos].unsqueeze(1)
     most = max(len(members) for _, members in units)
