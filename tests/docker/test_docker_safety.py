@@ -191,10 +191,13 @@ def test_the_daemon_gone_while_up_waits_is_one_line_and_down_finishes_the_job(
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
     state = tmp_path / "state" / "servers" / "tiny-docker.json"
-    if how == "stopped":  # the daemon stops the container first: that is what the health gate sees
+    if how == "stopped":
+        # the daemon stops the container, then exits: the health gate's poll lands on either side of the exit
+        # (a race of the daemon's, seen in a clean-clone run), and each is the one true line of its moment
         assert (
             "container exited with code 143 (SIGTERM: `docker stop`, or the Docker daemon stopping)"
-            in (errors[0])
+            in errors[0]
+            or f"Docker daemon not reachable at {host}" in errors[0]
         ), err
     else:
         assert f"Docker daemon not reachable at {host}" in errors[0], err
