@@ -12,22 +12,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ctrl_c import sigint_default
+from ctrl_c import read_until_launch, sigint_default, slow_engine_recipe
 from sparkctl_proc import sparkctl_env
 
 pytestmark = pytest.mark.slow  # starts local processes (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
 def test_bench_up_interrupted_during_start_up_exits_fast_and_says_so(tmp_path: Path) -> None:
-    recipe = tmp_path / "bup.yaml"
-    argv = [sys.executable, str(ENGINE), "--slow-start", "600"]
-    recipe.write_text(
-        f"schema: 1\nextends: {REPO / 'recipes' / 'tiny.yaml'}\nname: bup\n"
-        f"engine:\n  entrypoint: {json.dumps(argv)}\nserve:\n  health_timeout_s: 600\n"
-    )
+    recipe = slow_engine_recipe(tmp_path, "bup")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparkctl", "bench", "run", str(recipe), "--up", "--no-html"],
         env=sparkctl_env(tmp_path),
@@ -40,11 +34,7 @@ def test_bench_up_interrupted_during_start_up_exits_fast_and_says_so(tmp_path: P
     assert proc.stderr is not None
     engine = None
     try:
-        seen = []
-        for line in proc.stderr:
-            seen.append(line)
-            if "launch" in line:
-                break
+        seen = read_until_launch(proc)
         record = json.loads((tmp_path / "state" / "servers" / "bup.json").read_text())
         engine = psutil.Process(record["pid"])
         time.sleep(1.0)

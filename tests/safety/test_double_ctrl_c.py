@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ctrl_c import sigint_default
+from ctrl_c import read_until_launch, sigint_default, slow_engine_recipe
 from sparkctl_proc import sparkctl_env
 
 from sparkctl.server.ports import free_port
@@ -25,16 +25,10 @@ from sparkctl.server.ports import free_port
 pytestmark = pytest.mark.slow  # starts local processes (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
 def test_a_second_ctrl_c_during_clean_up_still_stops_the_server(tmp_path: Path) -> None:
-    recipe = tmp_path / "twice.yaml"
-    argv = [sys.executable, str(ENGINE), "--ignore-sigterm", "--slow-start", "600"]
-    recipe.write_text(
-        f"schema: 1\nextends: {REPO / 'recipes' / 'tiny.yaml'}\nname: twice\n"
-        f"engine:\n  entrypoint: {json.dumps(argv)}\nserve:\n  health_timeout_s: 600\n"
-    )
+    recipe = slow_engine_recipe(tmp_path, "twice", "--ignore-sigterm")
     up = subprocess.Popen(
         [sys.executable, "-m", "sparkctl", "up", str(recipe), "--port", str(free_port())],
         env=sparkctl_env(tmp_path),
@@ -47,9 +41,7 @@ def test_a_second_ctrl_c_during_clean_up_still_stops_the_server(tmp_path: Path) 
     assert up.stderr is not None
     engine = None
     try:
-        for line in up.stderr:
-            if "launch" in line:
-                break
+        read_until_launch(up)
         record = json.loads((tmp_path / "state" / "servers" / "twice.json").read_text())
         engine = psutil.Process(record["pid"])
         time.sleep(1.0)  # in the health wait
