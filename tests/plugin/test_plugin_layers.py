@@ -482,6 +482,13 @@ def test_moe_per_expert_load_and_forward(vllm_env: object) -> None:
         dynamic=True,
     )
     torch.testing.assert_close(compiled(x, topk_weights, topk_ids), expected, rtol=1e-4, atol=1e-4)
+    # the expert list is read from the buffers once (the eager prefill asks every call), again once they change
+    kept = method.expert_weights(routed)
+    assert method.expert_weights(routed) is kept
+    routed._buffers["exl3_e0_gate_trellis"] = routed.exl3_e0_gate_trellis.clone()
+    fresh = method.expert_weights(routed)
+    assert fresh is not kept and fresh[0].gate.trellis is routed.exl3_e0_gate_trellis
+    assert routed.exl3_prefill is None  # the CUDA prefill's tables: CUDA layers only
 
 
 def test_named_expert_loading_loads_what_vllm_loads(vllm_env: object) -> None:

@@ -184,7 +184,11 @@ class EXL3MoEMethod(FusedMoEMethodBase):
         )
         # CUDA: the MoE prefill's checked expert lists and id lookup (None elsewhere), made here, not per call: the
         # prefill runs eager, and per-call Python over 128 experts left the GPU idle (kernels/PERF.md, "Model speed")
-        layer.exl3_prefill = prefill_tables(experts, layer.exl3_expert_ids)
+        layer.exl3_prefill = (
+            prefill_tables(experts, layer.exl3_expert_ids)
+            if experts and experts[0].gate.trellis.is_cuda
+            else None
+        )
         # The CPU path gathers routed experts from per-projection stacks (a copy of the experts' tensors, made
         # once: on the CPU the decode, not memory, is what costs).
         layer.exl3_stack_meta = None
