@@ -570,7 +570,7 @@ def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
 #: kernel families of a profile, by the first pattern a kernel's name matches (lower case)
 FAMILIES = (
     ("attention", re.compile(r"attn|attention|flash|paged|reshape_and_cache")),
-    ("exl3 gemv / fused moe", re.compile(r"gemv|exl3_moe|moe_kernel|fused_moe")),
+    ("exl3 gemv / fused moe", re.compile(r"gemv|exl3_moe|exl3::moe|moe_kernel|fused_moe")),
     ("exl3 reconstruction", re.compile(r"recon")),
     ("moe routing / permute", re.compile(r"topk|moe|expert|route|permute|align|scatter|gather|index")),
     ("gemm (cuBLAS / CUTLASS)", re.compile(r"gemm|cutlass|cublas|sm90_|ampere_|kernel2|nvjet|xmma")),
