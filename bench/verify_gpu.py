@@ -9,6 +9,8 @@ device forced to CUDA) on:
   GEMV at 1 and 8 rows, the reconstruction kernel, the fused MoE for 1..8, 33 and 80 tokens with the pack's own
   router, so the fused decode and the MoE prefill are both reached, and every n-gram row through the lookup kernel),
   then `--quick`;
+* any pack named with `--pack NAME=DIR` (the real-dimension GLM-class checkpoint `kernels/bench/model_speed.py
+  --write-only` writes on the device: hidden 4096, 128 experts of width 1536; `--no-builtin` checks only those);
 * the two tiny packs `sparkctl up tiny-exl3[-moe]` serves (our writer: K 2..6 and 2.5, all three codebooks mixed
   per shard and per expert), written here without a tokenizer (the kernel layer needs none).
 
@@ -58,6 +60,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("verify_gpu.json"))
     ap.add_argument("--only", nargs="*", help="pack names (fixture folders, tiny-exl3, tiny-exl3-moe)")
+    ap.add_argument(
+        "--pack",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="one more pack to check (e.g. model_speed's real-dimension checkpoint); repeatable",
+    )
+    ap.add_argument(
+        "--no-builtin", action="store_true", help="only the --pack packs (no fixtures, no tiny packs)"
+    )
     ap.add_argument("--quick-only", action="store_true", help="skip the --full runs")
     ap.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same runs on the CPU path"
@@ -81,11 +93,25 @@ def main() -> int:
     os.environ.setdefault("SPARKCTL_STATE_DIR", tempfile.mkdtemp(prefix="verify-gpu-state-"))
     from sparkctl.verify.run import failure_line, verify
 
-    work = Path(tempfile.mkdtemp(prefix="verify-gpu-"))
-    packs = [
-        (d.name, d / "model") for d in sorted(FIXTURES.iterdir()) if (d / "model" / "config.json").is_file()
-    ]
-    packs += tiny_packs(work)
+    extra = []
+    for item in args.pack:
+        name, sep, where = item.partition("=")
+        if not sep or not name or not (Path(where) / "config.json").is_file():
+            print(
+                f"verify_gpu: --pack takes NAME=DIR with a config.json in DIR, got {item!r}", file=sys.stderr
+            )
+            return 2
+        extra.append((name, Path(where)))
+    packs = []
+    if not args.no_builtin:
+        work = Path(tempfile.mkdtemp(prefix="verify-gpu-"))
+        packs = [
+            (d.name, d / "model")
+            for d in sorted(FIXTURES.iterdir())
+            if (d / "model" / "config.json").is_file()
+        ]
+        packs += tiny_packs(work)
+    packs += extra
     if args.only:
         packs = [(n, p) for n, p in packs if n in args.only]
     results, ok = [], True
