@@ -136,7 +136,8 @@ def test_html_report_draws_its_charts_in_headless_chromium(full_run, tmp_path):
         page.screenshot(path=str(shot), full_page=True)
         # the compare page draws before -> after bars from its inlined comparison
         faster = json.loads(json.dumps(rec))
-        faster["variants"][0]["workloads"]["suite"]["per_category"]["coding"]["decode_tps"]["median"] *= 2
+        cats = faster["variants"][0]["workloads"]["suite"]["per_category"]
+        cats[next(c for c, v in cats.items() if v["decode_tps"])]["decode_tps"]["median"] *= 2
         (tmp_path / "b.json").write_text(json.dumps(faster))
         result = compare([out / "bench.json", tmp_path / "b.json"])
         (tmp_path / "cmp.html").write_text(render_compare_html(result))
@@ -152,14 +153,19 @@ def test_html_report_draws_its_charts_in_headless_chromium(full_run, tmp_path):
 def test_compare_reads_our_records_and_llama_benchy_json(full_run, tiny_server, tmp_path):
     out, _, rec = full_run
     faster = json.loads(json.dumps(rec))
-    for s in faster["variants"][0]["workloads"]["suite"]["per_category"].values():
-        s["decode_tps"]["median"] *= 1.25
+    # a category whose every stream was judged not physical (a loaded 2-core box) has no decode figure: skip it
+    measured = [
+        c for c, s in faster["variants"][0]["workloads"]["suite"]["per_category"].items() if s["decode_tps"]
+    ]
+    assert measured, "no category has a decode figure"
+    for c in measured:
+        faster["variants"][0]["workloads"]["suite"]["per_category"][c]["decode_tps"]["median"] *= 1.25
     (tmp_path / "b.json").write_text(json.dumps(faster))
     res = tiny_server.sparkctl("bench", "compare", str(out / "bench.json"), str(tmp_path / "b.json"), "--json",
                                "--html", str(tmp_path / "cmp.html"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)["rows"]
-    coding = next(r for r in rows if r["case"] == "coding" and r["metric"] == "decode tok/s")
+    coding = next(r for r in rows if r["case"] == measured[0] and r["metric"] == "decode tok/s")
     assert coding["others"][0]["pct"] == pytest.approx(25.0) and coding["others"][0]["better"] is True
     assert '"rows"' in (tmp_path / "cmp.html").read_text()  # the comparison is inlined for the page's charts
     # llama-benchy's own JSON report shape (schemas/benchmark_report_schema.json), as sparkrun keeps it
