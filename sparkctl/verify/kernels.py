@@ -59,14 +59,23 @@ BLOCK_COLS = 2048
 
 
 def exact_blocks(
-    trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook: str
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    codebook: str,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """(first column, fp64 W[:, block]) of W = diag(suh) . Hk . W_hat . Hn . diag(svh) (SPEC 4), block by block,
-    W_hat from the bit-exact reference decoder."""
+    W_hat from the bit-exact reference decoder.
+
+    On `device` (default the CPU): the decoder is integer arithmetic and table lookups, bit-exact on any device, and
+    the rest is fp64, so on a GPU it is the same reference, only about a hundred times faster (a 151k-row lm_head
+    on the CPU took minutes, which made `verify` on a real pack time out)."""
     from sparkctl_exl3 import reference
 
-    h = reference.hadamard_128(dtype=torch.float64)
-    trellis, suh, svh = trellis.cpu(), suh.cpu().double(), svh.cpu().double()
+    device = device or torch.device("cpu")
+    h = reference.hadamard_128(device, dtype=torch.float64)
+    trellis, suh, svh = trellis.to(device), suh.to(device).double(), svh.to(device).double()
     tiles = BLOCK_COLS // 16
     for t0 in range(0, trellis.shape[1], tiles):
         w = reference.w_hat(trellis[:, t0 : t0 + tiles].contiguous(), codebook).double()
@@ -76,10 +85,12 @@ def exact_blocks(
         yield 16 * t0, w * suh[:, None] * svh[16 * t0 : 16 * t0 + o][None, :]
 
 
-def exact_product(x: torch.Tensor, w) -> torch.Tensor:  # noqa: ANN001 (ShardWeights)
-    """x (any dtype) . W in fp64, W decoded block by block."""
-    xd = x.double().cpu()
-    return torch.cat([xd @ b for _, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook)], dim=1)
+def exact_product(x: torch.Tensor, w, device: torch.device | None = None) -> torch.Tensor:  # noqa: ANN001
+    """x (any dtype) . W in fp64, W (ShardWeights) decoded block by block on `device`; the result on the CPU."""
+    xd = x.double().to(device or torch.device("cpu"))
+    return torch.cat(
+        [(xd @ b).cpu() for _, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook, device)], dim=1
+    )
 
 
 def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -156,20 +167,26 @@ def check_linears(
             wd = _to(w, dev)
             op_dtype = torch.float16 if dev.name == "cuda" else torch.float32
             xs = [torch.randn(rows, i, generator=gen) for rows in LINEAR_ROWS]
-            refs = exact_product(torch.cat(xs), w).split(list(LINEAR_ROWS))
-            for x, ref in zip(xs, refs, strict=True):
-                y = exl3_linear(x.to(dev.torch), wd, o, op_dtype)
-                c.error(rel_l2(y, ref), prefix, f"rel L2 at {x.shape[0]} rows")
-                c.abs_error(y, ref)
+            wr = None
             if dev.kernels:
                 from sparkctl_exl3 import cuda, ops
 
                 wr = cuda.weight(wd.trellis, wd.suh, wd.svh, ops.CODEBOOKS[w.codebook])
-                num = den = 0.0
-                for c0, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook):
-                    got = wr[:, c0 : c0 + b.shape[1]].double().cpu()
+            # one decode of W serves both the rows' reference and the reconstruction's
+            xd = torch.cat(xs).double().to(dev.torch)
+            cols, num, den = [], 0.0, 0.0
+            for c0, b in exact_blocks(wd.trellis, wd.suh, wd.svh, w.codebook, dev.torch):
+                cols.append((xd @ b).cpu())
+                if wr is not None:
+                    got = wr[:, c0 : c0 + b.shape[1]].double()
                     num += float((got - b).pow(2).sum()) if torch.isfinite(got).all() else float("inf")
                     den += float(b.pow(2).sum())
+            refs = torch.cat(cols, dim=1).split(list(LINEAR_ROWS))
+            for x, ref in zip(xs, refs, strict=True):
+                y = exl3_linear(x.to(dev.torch), wd, o, op_dtype)
+                c.error(rel_l2(y, ref), prefix, f"rel L2 at {x.shape[0]} rows")
+                c.abs_error(y, ref)
+            if wr is not None:
                 err = (num / max(den, 1e-300)) ** 0.5
                 del wr
                 if not err <= RECON_BOUND:
@@ -233,8 +250,9 @@ class _ExpertsFp64:
     """The routed experts' weighted sum in fp64. Expert by expert: only the experts some token chose are decoded,
     each once per call and dropped after (256 experts of a large MoE in fp64 would not fit beside a server)."""
 
-    def __init__(self, experts: dict) -> None:
+    def __init__(self, experts: dict, device: torch.device | None = None) -> None:
         self.experts = experts
+        self.device = device
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         xd = x.double()
@@ -242,10 +260,10 @@ class _ExpertsFp64:
         for e in sorted({int(i) for i in topk_ids.flatten()}):
             tok, slot = (topk_ids == e).nonzero(as_tuple=True)
             ex = self.experts[e]
-            h = torch.nn.functional.silu(exact_product(xd[tok], ex.gate))
+            h = torch.nn.functional.silu(exact_product(xd[tok], ex.gate, self.device))
             if ex.up is not None:
-                h = h * exact_product(xd[tok], ex.up)
-            y = exact_product(h, ex.down) * weights[tok, slot].double()[:, None]
+                h = h * exact_product(xd[tok], ex.up, self.device)
+            y = exact_product(h, ex.down, self.device) * weights[tok, slot].double()[:, None]
             out = torch.zeros(x.shape[0], y.shape[1], dtype=torch.float64) if out is None else out
             out.index_add_(0, tok, y)
         assert out is not None
@@ -296,7 +314,7 @@ def check_moe(
             for e in experts
         ]
         fused = fused_tables(dexperts, ids, hidden=hidden, intermediate=inter) if dev.name == "cuda" else None
-        reference = _ExpertsFp64(dict(zip(ids, experts, strict=True)))
+        reference = _ExpertsFp64(dict(zip(ids, dexperts, strict=True)), dev.torch)
         for tokens in MOE_TOKENS if not full else (*MOE_TOKENS, 33, 80):
             x = torch.randn(tokens, hidden, generator=gen)
             if gate is not None and gate.shape[-1] == hidden:
