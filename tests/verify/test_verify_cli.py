@@ -160,3 +160,36 @@ def test_device_script_runs_on_the_cpu_path(tmp_path: Path) -> None:
 
     if not torch.cuda.is_available():
         assert no_gpu.returncode == 2 and "no CUDA device" in no_gpu.stderr
+
+
+def test_device_script_checks_a_named_pack_and_only_that(tmp_path: Path) -> None:
+    """`--pack NAME=DIR --no-builtin` (how the real-dimension checkpoint is checked on the GPU): the named pack
+    alone, a wrong K planted in it fails the script naming the module, and a --pack without a config is one line,
+    exit 2."""
+    import subprocess
+    import sys
+
+    from sparkctl_proc import REPO, sparkctl_env
+
+    good = fixture_copy("llama-2.5-mul1", tmp_path / "good")
+    bad = fixture_copy("llama-2.5-mul1", tmp_path / "bad")
+    set_storage(bad, "model.layers.0.self_attn.q_proj", bits_per_weight=3)
+
+    def script(*args: str) -> tuple[subprocess.CompletedProcess, Path]:
+        out = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
+        r = subprocess.run(
+            [sys.executable, "bench/verify_gpu.py", "--device", "cpu", "--quick-only", "--no-builtin", *args,
+             "--out", str(out)],
+            cwd=REPO, env=sparkctl_env(tmp_path), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        return r, out
+
+    r, out = script("--pack", f"mine={good}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x["pack"] for x in json.loads(out.read_text())["results"]] == ["mine"]
+    r, out = script("--pack", f"mine={bad}")
+    assert r.returncode == 1 and "FAIL" in r.stdout and "model.layers.0.self_attn.q_proj" in r.stdout, (
+        r.stdout[-2000:]
+    )
+    r, _ = script("--pack", f"nothing={tmp_path}")
+    assert r.returncode == 2 and "--pack takes NAME=DIR" in r.stderr and "Traceback" not in r.stderr
