@@ -59,23 +59,18 @@ BLOCK_COLS = 2048
 
 
 def exact_blocks(
-    trellis: torch.Tensor,
-    suh: torch.Tensor,
-    svh: torch.Tensor,
-    codebook: str,
-    device: torch.device | None = None,
+    trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook: str
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """(first column, fp64 W[:, block]) of W = diag(suh) . Hk . W_hat . Hn . diag(svh) (SPEC 4), block by block,
     W_hat from the bit-exact reference decoder.
 
-    On `device` (default the CPU): the decoder is integer arithmetic and table lookups, bit-exact on any device, and
-    the rest is fp64, so on a GPU it is the same reference, only about a hundred times faster (a 151k-row lm_head
-    on the CPU took minutes, which made `verify` on a real pack time out)."""
+    On the trellis's device: the decoder is integer arithmetic and table lookups, bit-exact on any device, and the
+    rest is fp64, so on a GPU it is the same reference, only about a hundred times faster (a 151k-row lm_head on the
+    CPU took minutes, which made `verify` on a real pack time out)."""
     from sparkctl_exl3 import reference
 
-    device = device or torch.device("cpu")
-    h = reference.hadamard_128(device, dtype=torch.float64)
-    trellis, suh, svh = trellis.to(device), suh.to(device).double(), svh.to(device).double()
+    h = reference.hadamard_128(trellis.device, dtype=torch.float64)
+    suh, svh = suh.to(trellis.device).double(), svh.to(trellis.device).double()
     tiles = BLOCK_COLS // 16
     for t0 in range(0, trellis.shape[1], tiles):
         w = reference.w_hat(trellis[:, t0 : t0 + tiles].contiguous(), codebook).double()
@@ -85,12 +80,10 @@ def exact_blocks(
         yield 16 * t0, w * suh[:, None] * svh[16 * t0 : 16 * t0 + o][None, :]
 
 
-def exact_product(x: torch.Tensor, w, device: torch.device | None = None) -> torch.Tensor:  # noqa: ANN001
-    """x (any dtype) . W in fp64, W (ShardWeights) decoded block by block on `device`; the result on the CPU."""
-    xd = x.double().to(device or torch.device("cpu"))
-    return torch.cat(
-        [(xd @ b).cpu() for _, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook, device)], dim=1
-    )
+def exact_product(x: torch.Tensor, w) -> torch.Tensor:  # noqa: ANN001 (ShardWeights)
+    """x (any dtype) . W in fp64, W decoded block by block where its trellis lives; the result on the CPU."""
+    xd = x.double().to(w.trellis.device)
+    return torch.cat([(xd @ b).cpu() for _, b in exact_blocks(w.trellis, w.suh, w.svh, w.codebook)], dim=1)
 
 
 def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -175,7 +168,7 @@ def check_linears(
             # one decode of W serves both the rows' reference and the reconstruction's
             xd = torch.cat(xs).double().to(dev.torch)
             cols, num, den = [], 0.0, 0.0
-            for c0, b in exact_blocks(wd.trellis, wd.suh, wd.svh, w.codebook, dev.torch):
+            for c0, b in exact_blocks(wd.trellis, wd.suh, wd.svh, w.codebook):
                 cols.append((xd @ b).cpu())
                 if wr is not None:
                     got = wr[:, c0 : c0 + b.shape[1]].double()
@@ -250,9 +243,8 @@ class _ExpertsFp64:
     """The routed experts' weighted sum in fp64. Expert by expert: only the experts some token chose are decoded,
     each once per call and dropped after (256 experts of a large MoE in fp64 would not fit beside a server)."""
 
-    def __init__(self, experts: dict, device: torch.device | None = None) -> None:
-        self.experts = experts
-        self.device = device
+    def __init__(self, experts: dict) -> None:
+        self.experts = experts  # on the device the check runs on: the reference decodes there
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         xd = x.double()
@@ -260,10 +252,10 @@ class _ExpertsFp64:
         for e in sorted({int(i) for i in topk_ids.flatten()}):
             tok, slot = (topk_ids == e).nonzero(as_tuple=True)
             ex = self.experts[e]
-            h = torch.nn.functional.silu(exact_product(xd[tok], ex.gate, self.device))
+            h = torch.nn.functional.silu(exact_product(xd[tok], ex.gate))
             if ex.up is not None:
-                h = h * exact_product(xd[tok], ex.up, self.device)
-            y = exact_product(h, ex.down, self.device) * weights[tok, slot].double()[:, None]
+                h = h * exact_product(xd[tok], ex.up)
+            y = exact_product(h, ex.down) * weights[tok, slot].double()[:, None]
             out = torch.zeros(x.shape[0], y.shape[1], dtype=torch.float64) if out is None else out
             out.index_add_(0, tok, y)
         assert out is not None
@@ -314,7 +306,7 @@ def check_moe(
             for e in experts
         ]
         fused = fused_tables(dexperts, ids, hidden=hidden, intermediate=inter) if dev.name == "cuda" else None
-        reference = _ExpertsFp64(dict(zip(ids, dexperts, strict=True)), dev.torch)
+        reference = _ExpertsFp64(dict(zip(ids, dexperts, strict=True)))
         for tokens in MOE_TOKENS if not full else (*MOE_TOKENS, 33, 80):
             x = torch.randn(tokens, hidden, generator=gen)
             if gate is not None and gate.shape[-1] == hidden:

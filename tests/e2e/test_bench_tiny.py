@@ -154,19 +154,18 @@ def test_compare_reads_our_records_and_llama_benchy_json(full_run, tiny_server, 
     out, _, rec = full_run
     faster = json.loads(json.dumps(rec))
     # a category whose every stream was judged not physical (a loaded 2-core box) has no decode figure: skip it
-    measured = [
-        c for c, s in faster["variants"][0]["workloads"]["suite"]["per_category"].items() if s["decode_tps"]
-    ]
+    cats = faster["variants"][0]["workloads"]["suite"]["per_category"]
+    measured = [c for c, s in cats.items() if s["decode_tps"]]
     assert measured, "no category has a decode figure"
     for c in measured:
-        faster["variants"][0]["workloads"]["suite"]["per_category"][c]["decode_tps"]["median"] *= 1.25
+        cats[c]["decode_tps"]["median"] *= 1.25
     (tmp_path / "b.json").write_text(json.dumps(faster))
     res = tiny_server.sparkctl("bench", "compare", str(out / "bench.json"), str(tmp_path / "b.json"), "--json",
                                "--html", str(tmp_path / "cmp.html"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)["rows"]
-    coding = next(r for r in rows if r["case"] == measured[0] and r["metric"] == "decode tok/s")
-    assert coding["others"][0]["pct"] == pytest.approx(25.0) and coding["others"][0]["better"] is True
+    row = next(r for r in rows if r["case"] == measured[0] and r["metric"] == "decode tok/s")
+    assert row["others"][0]["pct"] == pytest.approx(25.0) and row["others"][0]["better"] is True
     assert '"rows"' in (tmp_path / "cmp.html").read_text()  # the comparison is inlined for the page's charts
     # llama-benchy's own JSON report shape (schemas/benchmark_report_schema.json), as sparkrun keeps it
     lb = {"version": "0.4.0", "timestamp": "2026-12-01 10:00:00Z", "latency_mode": "generation", "latency_ms": 1.0,
